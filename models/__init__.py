@@ -1,0 +1,1 @@
+"""Per-model folders: re-authored modules and their declarations (see DESIGN.md)."""

@@ -1,0 +1,233 @@
+"""The stage chain for one model × target × precision, and the report it leaves in the bundle.
+
+    resolve weights → build (+ reference) → export → convert → optimize-or-skip → save (staging)
+    → verify on the saved artifact (gates) → report + manifest → commit, or set aside as failed
+
+Nothing downstream runs after a failed stage, and nothing is ever written into a live bundle: the
+bundle is built in a staging folder and swapped in only after its gates pass (zoo/bundle.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from zoo import gates, weights
+from zoo.bundle import MANIFEST, REPORT, BundleWriter, file_hashes, folder_bytes, write_json
+from zoo.errors import ZooError
+from zoo.precision import Precision, resolve_precision
+from zoo.registry import Component, ModelSpec, get_spec
+from zoo.stages import StageLog
+from zoo.targets import Entry, get_target
+
+COMPRESSION_SKIPPED = {
+    "coreai": "no compression pass at this precision (graph optimization always runs inside to_coreai on coreai-torch 0.4.3)",
+    "litert": "no post-conversion quantization at fp32",
+}
+
+
+@dataclass
+class BundleResult:
+    model: str
+    component: str
+    target: str
+    precision: str
+    status: str  # passed | gate_failed | error
+    path: Path | None
+    gates: list = field(default_factory=list)
+    stages: list = field(default_factory=list)
+    error: str = ""
+    bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "passed"
+
+
+@dataclass
+class VerifyContext:
+    """What a gate needs: the saved artifact's runner and the reference's answers on the same inputs."""
+
+    runner: object
+    inputs: dict[str, np.ndarray]
+    reference_outputs: dict[str, np.ndarray]
+    thresholds: dict[str, float]
+    checkpoint: weights.Checkpoint
+    cfg: object
+    bundle_dir: Path
+
+
+def default_verify(ctx: VerifyContext) -> tuple[list, dict]:
+    outputs = ctx.runner.run("main", ctx.inputs)
+    return gates.evaluate(outputs, ctx.reference_outputs, ctx.thresholds), {"outputs": io_contract(outputs)}
+
+
+def io_contract(arrays: dict[str, np.ndarray]) -> list[dict]:
+    return [{"name": k, "shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)} for k, v in arrays.items()]
+
+
+def to_numpy(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in tensors.items()}
+
+
+@torch.no_grad()
+def run_module(module, inputs: dict[str, torch.Tensor], output_names: list[str]) -> dict[str, np.ndarray]:
+    outputs = module(*inputs.values())
+    if not isinstance(outputs, (tuple, list)):
+        outputs = (outputs,)
+    return {name: out.float().numpy() for name, out in zip(output_names, outputs)}
+
+
+def bundle_path(out_dir: Path, spec: ModelSpec, component: Component, target: str, precision: str) -> Path:
+    folder = Path(out_dir) / spec.name
+    if len(spec.components) > 1:
+        folder = folder / component.name
+    return folder / f"{target}-{precision}"
+
+
+def resolve_all_precisions(cfg, targets: list[str], requested: str, force: bool) -> dict[str, Precision]:
+    """Check every target's precision before any work, so a bad request costs nothing."""
+    return {t: resolve_precision(requested, t, cfg, force) for t in targets}
+
+
+def convert_model(cfg, targets: list[str], precision: str = "default", force_precision: bool = False,
+                  out_dir: Path = Path("exports"), console=None, weights_spec: str | None = None) -> list[BundleResult]:
+    """Every component of one model through every requested target. Returns one result per bundle."""
+    spec = get_spec(cfg)
+    precisions = resolve_all_precisions(cfg, targets, precision, force_precision)
+    shared = StageLog(on_finish=console.stage if console else None)
+    with shared.stage("resolve_weights") as record:
+        checkpoint = weights.resolve(cfg, weights_spec or cfg.weights, spec.tiny_dir, spec.random_checkpoint)
+        record.note = f"source={checkpoint.source}"
+    results = []
+    for component in spec.components:
+        with shared.stage(f"build:{component.name}"):
+            module = component.build(checkpoint, cfg)
+            reference = component.reference(checkpoint, cfg)
+            inputs = component.example_inputs(checkpoint, cfg)
+        with shared.stage(f"reference:{component.name}") as record:
+            reference_outputs = run_module(reference, inputs, component.output_names)
+            port_outputs = run_module(module, inputs, component.output_names)
+            port_parity = {n: gates.cosine(port_outputs[n], reference_outputs[n]) for n in component.output_names}
+            record.note = "port vs reference cosine " + ", ".join(f"{k}={v:.9f}" for k, v in port_parity.items())
+        del reference
+        for target in targets:
+            if console:
+                console.begin(spec.name, component.name, target, precisions[target].name)
+            results.append(
+                convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_outputs, port_parity,
+                               target, precisions[target], Path(out_dir), shared, console)
+            )
+    return results
+
+
+def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_outputs, port_parity,
+                   target_name: str, precision: Precision, out_dir: Path, shared: StageLog, console) -> BundleResult:
+    target = get_target(target_name)
+    final = bundle_path(out_dir, spec, component, target_name, precision.name)
+    writer = BundleWriter(final)
+    log = StageLog(on_finish=console.stage if console else None)
+    report = {
+        "model": spec.name, "component": component.name, "target": target_name, "precision": precision.name,
+        "weights": _weights_summary(checkpoint), "port_parity_cosine": port_parity,
+        "created_unix": int(time.time()), "status": "running",
+    }
+    result = BundleResult(spec.name, component.name, target_name, precision.name, "error", None)
+    try:
+        with tempfile.TemporaryDirectory(prefix="zoo-scratch-") as scratch:
+            gate_results, details = _stages(target, component, cfg, checkpoint, module, inputs, reference_outputs,
+                                            precision, Path(scratch), writer.staging, log)
+        report.update(details)
+        result.gates = gate_results
+        result.status = "passed" if gates.all_passed(gate_results) else "gate_failed"
+    except KeyboardInterrupt:
+        writer.discard()  # the live bundle was never touched
+        raise
+    except Exception as exc:  # a failed stage: record it, keep the evidence, never touch the live bundle
+        failed = next((r for r in log.records if r.outcome == "failed"), None)
+        result.error = f"stage '{failed.name if failed else '?'}' failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if isinstance(exc, ZooError):
+            result.error += f" Fix: {exc.fix}"
+    report.update(status=result.status, error=result.error, gates=gates.as_dicts(result.gates),
+                  stages=shared.as_dicts() + log.as_dicts())
+    result.stages = report["stages"]
+    write_json(writer.staging / REPORT, report)
+    write_json(writer.staging / MANIFEST, _manifest(report, checkpoint, target, inputs, writer.staging))
+    result.bytes = folder_bytes(writer.staging)
+    result.path = writer.commit() if result.ok else writer.reject()
+    return result
+
+
+def _stages(target, component, cfg, checkpoint, module, inputs, reference_outputs, precision, scratch, staging, log):
+    prepared = target.prepare(module, precision)
+    entries = (component.entries(prepared, inputs, target.name) if component.entries
+               else [Entry("main", prepared, dict(inputs), list(component.output_names))])
+    if target.name == "litert":
+        log.skip("export", "litert_torch.convert runs torch.export itself; its time is counted under convert")
+        exported = None
+    else:
+        with log.stage("export"):
+            exported = target.export(entries)
+    with log.stage("convert"):
+        artifact = target.convert(entries, exported, scratch)
+    del exported
+    with log.stage("optimize") as record:
+        artifact, note = target.compress(artifact, precision, scratch, **_compress_options(cfg))
+        record.outcome, record.note = ("ok", note) if note else ("skipped", COMPRESSION_SKIPPED[target.name])
+    with log.stage("save"):
+        path = target.save(artifact, staging, {"author": "zoo", "description": f"{cfg.name} {component.name}"})
+    del artifact, prepared, entries
+    gc.collect()
+    with log.stage("verify") as record:
+        runner = target.open(path)
+        try:
+            ctx = VerifyContext(runner, to_numpy(inputs), reference_outputs, _thresholds(cfg, precision),
+                                checkpoint, cfg, staging)
+            verify = component.verify or default_verify
+            gate_results, details = verify(ctx)
+        finally:
+            runner.close()
+        record.note = "; ".join(g.describe() for g in gate_results)
+    details["inputs"] = io_contract(to_numpy(inputs)) if "inputs" not in details else details["inputs"]
+    return gate_results, details
+
+
+def _compress_options(cfg) -> dict:
+    return {"int8_group_size": int(cfg.get("int8_group_size", 32))}
+
+
+def _thresholds(cfg, precision: Precision) -> dict[str, float]:
+    thresholds = cfg.gates.get(precision.name)
+    if not thresholds:
+        raise ZooError(f"Model '{cfg.name}' has no gate thresholds for {precision.name}.",
+                       f"add gates.{precision.name} to configs/model/{cfg.name}.yaml.")
+    return {k: float(v) for k, v in thresholds.items()}
+
+
+def _weights_summary(checkpoint: weights.Checkpoint) -> dict:
+    return {k: v for k, v in checkpoint.provenance.items() if k != "files"}
+
+
+def _manifest(report: dict, checkpoint: weights.Checkpoint, target, inputs, staging: Path) -> dict:
+    return {
+        "model": report["model"], "component": report["component"], "target": report["target"],
+        "precision": report["precision"], "status": report["status"],
+        "weights": checkpoint.provenance,
+        "real_weights": checkpoint.is_real,
+        "tools": {**target.versions(), "python": platform.python_version()},
+        "io": {"inputs": report.get("inputs", io_contract(to_numpy(inputs))), "outputs": report.get("outputs", [])},
+        "gates": report["gates"],
+        "files": file_hashes(staging),
+    }
+
+
+def config_snapshot(cfg) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)

