@@ -8,20 +8,20 @@ Deterministic (seeded); the committed folders under models/*/tiny are its output
 from __future__ import annotations
 
 import torch
-from omegaconf import OmegaConf
 
 from zoo.registry import get_spec, load_model_config
 
 
 def write_t5_tiny() -> None:
-    from transformers import T5Config, T5EncoderModel
+    from transformers import T5EncoderModel
+
+    from models.t5 import hf_config
 
     cfg = load_model_config("t5")
+    cfg.variant = "tiny"
     spec = get_spec(cfg)
     torch.manual_seed(0)
-    arch = OmegaConf.to_container(cfg.variants.tiny.architecture)
-    model = T5EncoderModel(T5Config(**arch, feed_forward_proj="gated-gelu", dropout_rate=0.0, tie_word_embeddings=False))
-    model.save_pretrained(spec.tiny_dir, safe_serialization=True)
+    T5EncoderModel(hf_config(cfg)).save_pretrained(spec.tiny_dir, safe_serialization=True)
     print(f"wrote {spec.tiny_dir}")
 
 

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from zoo.console import Console
 from zoo.errors import ZooError
-from zoo.registry import CONFIG_DIR, model_names, unknown_model_error
+from zoo.registry import CONFIG_DIR, check_choices
 
 
 def run(cfg: DictConfig, console: Console | None = None) -> int:
@@ -50,19 +50,9 @@ def _hydra_main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
-def check_model_argument(argv: list[str]) -> None:
-    """Hydra's own message for a missing config file is obscure; name the valid models instead."""
-    for arg in argv:
-        if arg.startswith("model="):
-            names = arg.split("=", 1)[1].split(",")
-            for name in names:
-                if name not in model_names():
-                    raise unknown_model_error(name)
-
-
 def main() -> None:
     try:
-        check_model_argument(sys.argv[1:])
+        check_choices(sys.argv[1:])
     except ZooError as exc:
         Console().error(exc)
         sys.exit(exc.exit_code)

@@ -23,20 +23,38 @@ def require_pinned(repo_id: str, revision: str | None, allow_unpinned: bool = Fa
     raise ZooError(
         f"Hub weights for {repo_id} need a pinned revision (a 40-hex commit sha), got {revision!r}: "
         "a branch name can change under you and silently change the bundle.",
-        f"set model.hub.revision=<commit sha> (see the repo's history on the Hub), "
-        "or model.hub.allow_unpinned=true to accept a moving revision knowingly.",
+        "set model.variants.<variant>.hub.revision=<commit sha> (see the repo's history on the Hub), "
+        "or ...hub.allow_unpinned=true to accept a moving revision knowingly.",
     )
 
 
-def download(repo_id: str, revision: str, patterns: list[str] | None = None, cache_dir: str | None = None) -> Path:
-    """Snapshot of the matching files at `revision`, from the cache when present."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+def hub_reachable(timeout_s: float = 5.0) -> bool:
+    """One quick request, so an offline machine hears "unreachable" at once instead of after the
+    library's five retries with backoff (~23 s)."""
+    from huggingface_hub import constants, get_session
 
     try:
-        return Path(
-            snapshot_download(repo_id, revision=revision, allow_patterns=patterns or WEIGHT_PATTERNS, cache_dir=cache_dir)
-        )
+        get_session().head(constants.ENDPOINT, timeout=timeout_s)
+        return True
+    except Exception:  # DNS, refused, timeout, proxy: all mean "not reachable from here"
+        return False
+
+
+def download(repo_id: str, revision: str, patterns: list[str] | None = None, cache_dir: str | None = None) -> Path:
+    """Snapshot of the matching files at `revision`; a pinned sha already in the cache needs no network."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    patterns = patterns or WEIGHT_PATTERNS
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, cache_dir=cache_dir,
+                                      local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass  # not cached yet: go online
+    try:
+        if constants.HF_HUB_OFFLINE or not hub_reachable():
+            raise LocalEntryNotFoundError("offline")
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, cache_dir=cache_dir))
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
         raise ZooError(
             f"The Hub has no {repo_id} at revision {revision} ({type(exc).__name__}).",

@@ -53,8 +53,29 @@ class ModelSpec:
     meta: dict = field(default_factory=dict)
 
 
+def group_options(group: str) -> list[str]:
+    """The choices of a Hydra config group are its yaml files: one place for each list."""
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
 def model_names() -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
+    return group_options("model")
+
+
+def check_choices(argv: list[str]) -> None:
+    """Name the valid choices for model/target/precision ourselves: Hydra's message is a config dump."""
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key not in ("model", "target", "precision") or not value:
+            continue
+        for choice in value.split(","):  # multirun sweeps: a,b,c
+            if choice not in group_options(key):
+                if key == "model":
+                    raise unknown_model_error(choice)
+                raise ZooError(
+                    f"Unknown {key} '{choice}'. Valid: {', '.join(group_options(key))}.",
+                    f"pick one of those, e.g. {key.upper()}={group_options(key)[0]}.",
+                )
 
 
 def unknown_model_error(name: str) -> ZooError:

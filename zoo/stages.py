@@ -59,7 +59,8 @@ class StageLog:
             yield record
         except BaseException as exc:
             record.outcome = "failed"
-            record.note = record.note or f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            message = getattr(exc, "problem", None) or str(exc)  # a ZooError's fix is printed once, at the end
+            record.note = record.note or f"{type(exc).__name__}: {message}".splitlines()[0][:500]
             raise
         else:
             if record.outcome == "running":

@@ -147,8 +147,9 @@ def resolve(model_cfg, spec: str, tiny_dir: Path, random_checkpoint) -> Checkpoi
 
 
 def _from_hub(model_cfg) -> Checkpoint:
-    repo_id = model_cfg.hub.repo_id
-    revision = hub.require_pinned(repo_id, model_cfg.hub.revision, bool(model_cfg.hub.get("allow_unpinned", False)))
+    source = model_cfg.variants[model_cfg.variant].hub
+    repo_id = source.repo_id
+    revision = hub.require_pinned(repo_id, source.revision, bool(source.get("allow_unpinned", False)))
     folder = hub.download(repo_id, revision)
     if not _weight_files(folder):  # older repos ship only pytorch_model.bin
         folder = hub.download(repo_id, revision, hub.LEGACY_WEIGHT_PATTERNS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from models.t5.model import T5Encoder, T5EncoderConfig
@@ -18,7 +19,8 @@ TIED = {"encoder.embed_tokens.weight": "shared.weight"}
 def hf_config(cfg) -> "transformers.T5Config":  # noqa: F821
     from transformers import T5Config
 
-    return T5Config(**cfg.architecture, feed_forward_proj="gated-gelu", dropout_rate=0.0, tie_word_embeddings=False)
+    architecture = OmegaConf.to_container(cfg.variants[cfg.variant].architecture)
+    return T5Config(**architecture, feed_forward_proj="gated-gelu", dropout_rate=0.0, tie_word_embeddings=False)
 
 
 def build(checkpoint: Checkpoint, cfg) -> nn.Module:

@@ -1,0 +1,40 @@
+# zoo — verified on-device bundles. Every target installs what it needs on first use.
+PY        := .venv/bin/python
+MODEL     ?= t5
+TARGET    ?= all
+PRECISION ?= default
+WEIGHTS   ?=
+OUT       ?= exports
+STAMP     := .venv/.zoo-installed
+
+.PHONY: setup convert demo test test-slow bench list clean
+
+setup: $(STAMP)
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+
+## make convert MODEL=t5 [TARGET=coreai|litert|all] [PRECISION=fp32|fp16|bf16|int8] [WEIGHTS=tiny|hub|random|local:PATH]
+convert: setup
+	$(PY) -m zoo.convert model=$(MODEL) target=$(TARGET) precision=$(PRECISION) out_dir='$(OUT)' $(if $(WEIGHTS),weights='$(WEIGHTS)')
+
+## every model through both targets on its embedded default weights, ending in a gate table
+demo: setup
+	$(PY) -m zoo.demo out_dir='$(OUT)'
+
+## the default (fast) suite; slow/real-size tests are marked and run by `make test-slow`
+test: setup
+	$(PY) -m pytest -m "not slow" -q
+
+test-slow: setup
+	$(PY) -m pytest -m slow -q
+
+## measure conversion, runtime latency vs eager, and size; regenerates models/<model>/README.md "Measured"
+bench: setup
+	$(PY) -m zoo.bench model=$(MODEL)
+
+## models, components, targets and default precisions
+list: setup
+	$(PY) -m zoo.catalog
+
+clean:
+	rm -rf exports outputs multirun .pytest_cache

@@ -1,0 +1,48 @@
+"""`python -m zoo.catalog` (`make list`): models, components, targets and default precisions."""
+
+from __future__ import annotations
+
+import zoo.quiet  # noqa: F401
+from rich.console import Console
+from rich.table import Table
+
+from zoo.registry import get_spec, load_model_config, model_names
+from zoo.targets import TARGET_NAMES, get_target
+
+
+def catalog_rows() -> list[dict]:
+    rows = []
+    for name in model_names():
+        cfg = load_model_config(name)
+        spec = get_spec(cfg)
+        rows.append({
+            "model": name,
+            "summary": spec.summary,
+            "components": [c.name for c in spec.components],
+            "defaults": {t: cfg.default_precision[t] for t in TARGET_NAMES},
+            "precisions": {t: list(get_target(t).precisions) for t in TARGET_NAMES},
+            "refused": {t: list(v) for t, v in (cfg.get("refused_precisions") or {}).items()},
+            "weights": cfg.weights,
+            "variants": list(cfg.get("variants", {})),
+        })
+    return rows
+
+
+def main() -> None:
+    table = Table(title="zoo models")
+    for col in ("model", "components", "default weights", "Core AI default", "LiteRT default", "also", "about"):
+        table.add_column(col)
+    for row in catalog_rows():
+        also = "; ".join(
+            f"{t}: {', '.join(p for p in row['precisions'][t] if p != row['defaults'][t] and p not in row['refused'].get(t, []))}"
+            for t in TARGET_NAMES
+        )
+        refused = "; ".join(f"{t} refuses {', '.join(v)} (precision.force=true)" for t, v in row["refused"].items())
+        table.add_row(row["model"], ", ".join(row["components"]), row["weights"], row["defaults"]["coreai"],
+                      row["defaults"]["litert"], also + (f"\n{refused}" if refused else ""), row["summary"])
+    Console(width=160).print(table)
+    print("targets: coreai (.aimodel, Core AI CPU runtime here), litert (.tflite, CPU interpreter)")
+
+
+if __name__ == "__main__":
+    main()
