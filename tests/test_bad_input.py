@@ -20,7 +20,10 @@ def cfg():
 
 
 def test_cli_converts_tiny_t5_on_both_targets(run_cli, tmp_path):
-    proc = run_cli("zoo.convert", "model=t5", "target=all", "weights=tiny", f"out_dir={tmp_path}")
+    from gpu_mode import gpu_ready, gpu_required
+
+    gpu = [] if gpu_required() or gpu_ready()[0] else ["model.gpu.check=false"]
+    proc = run_cli("zoo.convert", "model=t5", "target=all", "weights=tiny", f"out_dir={tmp_path}", *gpu)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for bundle in ("coreai-bf16", "litert-fp32"):
         report = json.loads((tmp_path / "t5" / bundle / "report.json").read_text())

@@ -48,4 +48,16 @@ def test_gate_needs_known_metric_and_a_threshold(reference):
 
 def test_registry_explains_every_metric():
     for metric in gates.METRICS.values():
-        assert metric.explains and callable(metric.fn)
+        assert metric.explains and (callable(metric.fn) or metric.name.startswith("gpu_"))
+
+
+def test_gpu_gates_fail_when_rejected_not_run_or_wrong():
+    accepted = {"status": "accepted", "outputs": {"main": {"y": {"fp32_rel_err": 1e-7}}}}
+    assert gates.all_passed(gates.gpu_gates(accepted, "fp32", ["fp32"], 1e-3))
+    wrong = {"status": "accepted", "outputs": {"main": {"y": {"fp32_rel_err": 0.6}}}}
+    assert not gates.all_passed(gates.gpu_gates(wrong, "fp32", ["fp32"], 1e-3))
+    for status in ("rejected", "not_run"):
+        assert not gates.all_passed(gates.gpu_gates({"status": status, "outputs": {}}, "fp32", ["fp32"], 1e-3))
+    nan = {"status": "accepted", "outputs": {"main": {"y": {"fp32_rel_err": "nan"}}}}
+    assert not gates.all_passed(gates.gpu_gates(nan, "fp32", ["fp32"], 1e-3))
+    assert gates.gpu_gates({"status": "rejected"}, "fp16", ["fp32"], 1e-3) == []  # not required at fp16

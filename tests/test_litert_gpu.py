@@ -233,6 +233,18 @@ def test_parse_rejected_ops_and_partitions():
     assert parsed.adapter.startswith("llvmpipe") and parsed.adapter_created and parsed.adapter_failure is None
 
 
+def test_parse_rejected_op_with_an_empty_reason():
+    """Seen on the T5 fp16-weights bundle: `DEQUANTIZE: ` has no reason; the list must not stop there."""
+    log = ("ERROR: Following operations are not supported by GPU delegate:\n"
+           "DEQUANTIZE: \n"
+           "EMBEDDING_LOOKUP: EMBEDDING_LOOKUP: Empty quantization params.\n"
+           "87 operations will run on the GPU, and the remaining 22 operations will run on the CPU.\n")
+    parsed = parse_delegate_log(log)
+    assert [op["op"] for op in parsed.rejected_ops] == ["DEQUANTIZE", "EMBEDDING_LOOKUP"]
+    assert parsed.rejected_ops[1]["reason"] == "EMBEDDING_LOOKUP: Empty quantization params."
+    assert parsed.partitions == {"gpu_ops": 87, "cpu_ops": 22}
+
+
 def test_parse_all_on_cpu_and_kernel_errors():
     log = ("No operations will run on the GPU, and all 1 operations will run on the CPU.\n"
            "E0000 00:00:1.5 77 delegate_webgpu.cc:478] Failed to create DelegateKernelLiteRt: RESOURCE_EXHAUSTED: "

@@ -20,9 +20,13 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def cfg():
+    from gpu_mode import gpu_ready, gpu_required
     from zoo.config import compose_convert
 
-    return compose_convert(["model=t5"]).model
+    overrides = ["model=t5"]
+    if not gpu_required() and not gpu_ready()[0]:
+        overrides.append("model.gpu.check=false")  # said so in each report; tests/test_t5_gpu.py covers the GPU
+    return compose_convert(overrides).model
 
 
 @pytest.fixture(scope="module")

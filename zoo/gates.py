@@ -16,7 +16,7 @@ import numpy as np
 @dataclass(frozen=True)
 class Metric:
     name: str
-    fn: Callable[[np.ndarray, np.ndarray], float]
+    fn: Callable[[np.ndarray, np.ndarray], float] | None
     higher_is_better: bool
     explains: str
 
@@ -61,6 +61,9 @@ METRICS: dict[str, Metric] = {
         Metric("psnr", psnr, True, "peak signal-to-noise ratio in dB, peak = reference max - min"),
         Metric("max_abs", max_abs, False, "largest absolute elementwise difference"),
         Metric("rel_max_abs", rel_max_abs, False, "largest absolute difference divided by max |reference|"),
+        # Judged by the LiteRT GPU check (zoo/targets/litert_gpu.py), not computed from two arrays here:
+        Metric("gpu_resident", None, True, "1 if the GPU delegate took every op GPU-only, 0 if not (NaN: not run)"),
+        Metric("gpu_fp32_rel_err", None, False, "GPU (enforced fp32) vs CPU interpreter: max-abs / max |CPU|"),
     )
 }
 
@@ -79,7 +82,7 @@ class GateResult:
         return f"{self.output}: {self.metric} {self.value:.7g} {op} {self.threshold:g}: {verdict}"
 
 
-def check(metric: str, value: float, threshold: float) -> bool:
+def check_value(metric: str, value: float, threshold: float) -> bool:
     """NaN fails whatever the direction (comparisons with NaN are False)."""
     if METRICS[metric].higher_is_better:
         return bool(value >= threshold)
@@ -96,13 +99,33 @@ def evaluate(
     for output, reference in references.items():
         candidate = candidates.get(output)
         for metric, threshold in thresholds.items():
-            if metric not in METRICS:
+            if metric not in METRICS or METRICS[metric].fn is None:
                 raise KeyError(f"unknown gate metric '{metric}'; known: {', '.join(METRICS)}")
             if candidate is None or np.shape(candidate) != np.shape(reference):
                 value = float("nan")
             else:
                 value = METRICS[metric].fn(candidate, reference)
-            results.append(GateResult(output, metric, value, float(threshold), check(metric, value, threshold)))
+            results.append(GateResult(output, metric, value, float(threshold), check_value(metric, value, threshold)))
+    return results
+
+
+def gpu_gates(check: dict, precision: str, require_resident: list[str], fp32_rel_tol: float) -> list[GateResult]:
+    """Gates from a GPU check, for precisions whose bundles must run on the GPU.
+
+    Residency and fp32 agreement are both required: the delegate accepts some graphs it then computes
+    wrongly even in fp32 (toolchain.md §3.2). A check that could not run is NaN, which never passes.
+    """
+    if precision not in require_resident:
+        return []
+    status = check["status"]
+    resident = {"accepted": 1.0, "rejected": 0.0}.get(status, float("nan"))
+    results = [GateResult("gpu", "gpu_resident", resident, 1.0, check_value("gpu_resident", resident, 1.0))]
+    for signature, outputs in (check.get("outputs") or {}).items():
+        for name, errors in outputs.items():
+            err = errors.get("fp32_rel_err")
+            value = float(err) if isinstance(err, (int, float)) or err in ("nan", "inf") else float("nan")
+            results.append(GateResult(f"gpu:{signature}/{name}", "gpu_fp32_rel_err", value, fp32_rel_tol,
+                                      check_value("gpu_fp32_rel_err", value, fp32_rel_tol)))
     return results
 
 

@@ -184,6 +184,7 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         record.outcome, record.note = ("ok", note) if note else ("skipped", COMPRESSION_SKIPPED[target.name])
     with log.stage("save"):
         path = target.save(artifact, staging, {"author": "zoo", "description": f"{cfg.name} {component.name}"})
+    entry_inputs = {e.name: to_numpy(e.inputs) for e in entries}
     del artifact, prepared, entries
     gc.collect()
     with log.stage("verify") as record:
@@ -196,8 +197,34 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         finally:
             runner.close()
         record.note = "; ".join(g.describe() for g in gate_results)
-    details["inputs"] = io_contract(to_numpy(inputs)) if "inputs" not in details else details["inputs"]
+    details.setdefault("inputs", io_contract(to_numpy(inputs)))
+    if target.name == "litert":
+        gate_results += _gpu_stage(path, entry_inputs, cfg, precision, details, log)
     return gate_results, details
+
+
+def _gpu_stage(path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict, log: StageLog) -> list:
+    """LiteRT GPU delegate on software Vulkan: residency with the delegate's reasons, fp32 and fp16 error."""
+    gpu_cfg = cfg.get("gpu") or {}
+    if not gpu_cfg.get("check", True):
+        log.skip("gpu_check", "disabled by configuration (model.gpu.check=false)")
+        details["gpu"] = {"status": "not_run", "reason": "disabled by configuration (model.gpu.check=false)"}
+        return []
+    from zoo.targets.litert_gpu import gpu_check
+
+    with log.stage("gpu_check") as record:
+        check = gpu_check(path, entry_inputs).to_dict()
+        details["gpu"] = check
+        if check["status"] == "not_run":
+            record.outcome = "skipped"
+            record.note = f"NOT RUN: {check['reason']}"
+        else:
+            rejected = ", ".join(f"{o['op']} ({o['reason']})" for o in check["rejected_ops"])
+            errors = [f"{mode} rel err {e[f'{mode}_rel_err']:.2g}" for outs in check["outputs"].values()
+                      for e in outs.values() for mode in ("fp32", "fp16") if isinstance(e.get(f"{mode}_rel_err"), float)]
+            record.note = check["status"] + (f": {rejected}" if rejected else "") + (f"; {', '.join(errors)}" if errors else "")
+    tolerance = (gpu_cfg.get("fp32_rel_tol") or {}).get(precision.name, 1e-3)
+    return gates.gpu_gates(check, precision.name, list(gpu_cfg.get("require_resident", [])), float(tolerance))
 
 
 def _compress_options(cfg) -> dict:

@@ -21,6 +21,9 @@ from torch import nn
 import torch.nn.functional as F
 
 
+MASKED_SCORE = -30000.0
+
+
 @dataclass(frozen=True)
 class T5EncoderConfig:
     vocab_size: int
@@ -164,8 +167,10 @@ class T5Encoder(nn.Module):
 
     def forward(self, input_ids, attention_mask):
         x = self.encoder.embed_tokens(input_ids)
-        # Masked keys get the dtype's most negative value, as upstream does; padded queries still attend.
-        blocked = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        # Masked keys get a large negative score. Upstream uses finfo(dtype).min, which is -inf once the
+        # LiteRT GPU delegate computes an fp32 graph in fp16, and 0 * -inf = NaN for every unmasked key
+        # (measured: NaN output on the GPU's fp16 run). -30000 fits fp16 and still gives exp() = 0.
+        blocked = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASKED_SCORE
         bias = self.position_bias + blocked
         for block in self.encoder.block:
             x = block(x, bias)

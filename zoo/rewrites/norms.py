@@ -180,15 +180,36 @@ def _randomize_affine(m: nn.Module) -> nn.Module:
     return m
 
 
+def fp16_stress_rows(shape: tuple[int, ...], seed: int = 14) -> torch.Tensor:
+    """Rows (along axis 1) that break a naive fp16 norm: ordinary, constant 500, zero, uniform ±1000.
+
+    Axis 1 is the token axis of [B, S, C] and the channel axis of [N, C, H, W]: either way each kind
+    of row is normalised on its own.
+    """
+    g = seeded(seed)
+    x = 3.0 * torch.randn(*shape, generator=g)
+    kinds = [
+        lambda r: r,
+        lambda r: torch.full_like(r, 500.0),
+        lambda r: torch.zeros_like(r),
+        lambda r: 1000.0 * (2.0 * torch.rand(r.shape, generator=g) - 1.0),
+    ]
+    for i in range(x.shape[1]):
+        x[:, i] = kinds[i % len(kinds)](x[:, i])
+    return x
+
+
 def _demo_norm(module: nn.Module, swap: ModuleSwap, shape: tuple[int, ...]) -> Demo:
     before = nn.Sequential(_randomize_affine(module)).eval()
-    return Demo(before, apply_swap(before, swap)[0], (3.0 * torch.randn(*shape, generator=seeded(14)),))
+    args = (3.0 * torch.randn(*shape, generator=seeded(14)),)
+    return Demo(before, apply_swap(before, swap)[0], args, stress_args=(fp16_stress_rows(shape),))
 
 
 def _demo_mean() -> Demo:
     before = Lambda(lambda x: x.mean(-1, keepdim=True), "x.mean(-1)")
     after = Lambda(lambda x: hierarchical_mean(x, [-1]), "hierarchical_mean")
-    return Demo(before, after, (100.0 + torch.randn(1, 4, 2000, generator=seeded(15)),))
+    x = 100.0 + torch.randn(1, 4, 2000, generator=seeded(15))
+    return Demo(before, after, (x,), stress_args=(x,))
 
 
 def _demo_amax() -> Demo:

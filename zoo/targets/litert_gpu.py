@@ -51,7 +51,7 @@ RUN_START, RAN, RUN_FAILED = "ZOO_GPU_RUN_START", "ZOO_GPU_RAN", "ZOO_GPU_RUN_FA
 
 # Delegate messages (C++ stderr).
 UNSUPPORTED_HEADER = "Following operations are not supported by GPU delegate:"
-UNSUPPORTED_OP = re.compile(r"^([A-Z][A-Z0-9_]*): (.+)$")
+UNSUPPORTED_OP = re.compile(r"^([A-Z][A-Z0-9_]*):(?: (.*))?$")  # the reason may be empty (DEQUANTIZE:)
 PARTITION = re.compile(r"(\d+|No) operations? will run on the GPU, "
                        r"and the remaining (\d+) operations? will run on the CPU")
 ALL_ON_CPU = re.compile(r"No operations will run on the GPU, and all (\d+) operations? will run on the CPU")
@@ -186,7 +186,7 @@ def _rejected_ops(lines: list[str]) -> list[dict[str, str]]:
             continue
         m = UNSUPPORTED_OP.match(line) if in_block else None
         if m:
-            ops.append({"op": m.group(1), "reason": m.group(2).strip()})
+            ops.append({"op": m.group(1), "reason": (m.group(2) or "").strip() or "(no reason given)"})
         else:
             in_block = False
     return _unique_dicts(ops)

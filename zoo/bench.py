@@ -1,0 +1,128 @@
+"""`make bench MODEL=t5`: conversion cost, runtime latency vs eager torch, and size, in one run.
+
+Every precision each target supports is converted at the model's bench size (for T5: the real
+t5-v1_1-base architecture with seeded random weights), gated like any bundle, then timed against eager
+torch on the same inputs in the same process — ratios, because these machines are noisy. Writes
+`models/<model>/bench.json` and regenerates the README's Measured table.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import zoo.quiet  # noqa: F401
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from zoo.card import measured_table, update_readme
+from zoo.config import compose_convert
+from zoo.console import Console
+from zoo.errors import ZooError
+from zoo.pipeline import convert_model, to_numpy
+from zoo.registry import ROOT, get_spec
+from zoo.targets import TARGET_NAMES, get_target
+from zoo.weights import resolve
+
+CONVERT_STAGES = ("export", "convert", "optimize", "save")
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up: first calls pay for allocation, XNNPACK packing, lazy loading
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def bundle_latency_ms(target_name: str, path: Path, inputs: dict[str, np.ndarray], repeats: int) -> float:
+    runner = get_target(target_name).open(path / get_target(target_name).artifact)
+    try:
+        return median_ms(lambda: runner.run("main", inputs), repeats)
+    finally:
+        runner.close()
+
+
+def row_from(result, eager_ms: float, latency_ms: float, fp32_bytes: int | None) -> dict:
+    stages = {s["name"]: s for s in result.stages}
+    return {
+        "target": result.target, "precision": result.precision, "status": result.status,
+        "gate": "; ".join(f"{g.metric} {g.value:.6g}" for g in result.gates) + ("" if result.ok else " (FAILED)"),
+        "convert_s": round(sum(stages[n]["seconds"] for n in CONVERT_STAGES if n in stages), 2),
+        "peak_rss_mb": max(s["peak_rss_mb"] for s in result.stages),
+        "latency_ms": round(latency_ms, 2), "latency_vs_eager": round(latency_ms / eager_ms, 3),
+        "size_mb": round(result.bytes / 1e6, 2),
+        "size_vs_fp32": round(result.bytes / fp32_bytes, 3) if fp32_bytes else None,
+    }
+
+
+def run_bench(model: str, overrides: list[str], console: Console) -> dict:
+    cfg = compose_convert([f"model={model}", *overrides]).model
+    bench = cfg.bench
+    cfg = OmegaConf.merge(cfg, {"variant": bench.variant})
+    spec = get_spec(cfg)
+    component = spec.components[0]
+    checkpoint = resolve(cfg, bench.weights, spec.tiny_dir, spec.random_checkpoint)
+    inputs = component.example_inputs(checkpoint, cfg)
+    reference = component.reference(checkpoint, cfg)
+    with torch.no_grad():
+        eager_ms = median_ms(lambda: reference(*inputs.values()), int(bench.repeats))
+    del reference
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="zoo-bench-") as out:
+        for target in TARGET_NAMES:
+            fp32_bytes = None
+            for precision in get_target(target).precisions:
+                refusal = (cfg.get("refused_precisions") or {}).get(target, {}).get(precision)
+                if refusal:
+                    rows.append({"target": target, "precision": precision, "status": "refused",
+                                 "reason": refusal.split(".")[0]})
+                    continue
+                console.begin(model, component.name, target, precision)
+                [result] = convert_model(cfg, [target], precision=precision, out_dir=Path(out), console=console,
+                                         weights_spec=bench.weights)
+                if result.status == "error":
+                    raise ZooError(f"bench conversion {target}-{precision} failed: {result.error}",
+                                   "fix the conversion first (make convert shows the failing stage).")
+                fp32_bytes = fp32_bytes or (result.bytes if precision == "fp32" else None)
+                latency = bundle_latency_ms(target, result.path, to_numpy(inputs), int(bench.repeats))
+                rows.append(row_from(result, eager_ms, latency, fp32_bytes))
+    return {
+        "header": {
+            "command": f"make bench MODEL={model}", "date": date.today().isoformat(),
+            "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}",
+            "weights": f"{bench.weights} ({checkpoint.provenance.get('note', checkpoint.source)}), variant {bench.variant}",
+            "eager_ms": round(eager_ms, 2), "repeats": int(bench.repeats),
+        },
+        "rows": rows,
+    }
+
+
+def main(argv: list[str]) -> int:
+    overrides = [a for a in argv if not a.startswith("model=")]
+    model = next((a.split("=", 1)[1] for a in argv if a.startswith("model=")), "t5")
+    console = Console()
+    try:
+        data = run_bench(model, overrides, console)
+    except ZooError as exc:
+        console.error(exc)
+        return exc.exit_code
+    folder = ROOT / "models" / compose_convert([f"model={model}"]).model.package.split(".")[-1]
+    (folder / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
+    table = measured_table(data)
+    update_readme(folder / "README.md", table)
+    console.rich.print(table)
+    return 0 if all(r.get("status") in ("passed", "refused") for r in data["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
