@@ -1,0 +1,5 @@
+"""gqa-llm: a re-authored Llama-family GQA decoder (SmolLM2-135M real, TINY for CI)."""
+
+from .model import SMOLLM2_135M, TINY, GQAConfig, GQAForCausalLM, from_hf_config
+
+__all__ = ["GQAConfig", "GQAForCausalLM", "SMOLLM2_135M", "TINY", "from_hf_config"]

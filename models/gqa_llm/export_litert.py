@@ -1,0 +1,181 @@
+"""LiteRT form of the GQA decoder: one .tflite with signatures `prefill` and `decode` that share
+weights; the K/V caches travel as explicit inputs and outputs (the GPU-clean recipe of
+notes/toolchain.md §3.2).
+
+    model = convert(lm, context_len=512, prefill_len=64)
+    path = save(model, Path("out/gqa-llm.tflite"))
+    with LiteRTSession(path) as session:
+        stream = greedy(session.step, prompt_ids)
+
+Signatures (input names as the converter writes them; it prefixes dict entries with the arg name):
+    prefill(input_ids [1, P] int32, start [1] int32, length [1] int32, caches_k_cache_{i},
+            caches_v_cache_{i} [1, n_kv, context_len, D] fp32)
+        -> logits [1, 1, V] (position start+length-1), k_cache_{i}, v_cache_{i}
+    decode (input_ids [1, 1] int32, start [1] int32, caches_*) -> logits [1, 1, V], k_cache_*, v_cache_*
+P (prefill_len) is static: GPU delegates want static shapes. A shorter prompt is right-padded and
+`length` marks the real tokens (padding is never written to the cache); a longer one is fed in
+P-sized chunks.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .generation import check_fits
+from .model import GQAForCausalLM, LiteRTCacheIOLM
+
+CACHE_INPUT_PREFIX = "caches_"  # litert-torch names dict inputs "<arg>_<key>"
+
+
+def sample_kwargs(module: LiteRTCacheIOLM, t: int, with_length: bool) -> dict:
+    kwargs = {"input_ids": torch.zeros(1, t, dtype=torch.int32), "start": torch.zeros(1, dtype=torch.int32),
+              "caches": module.empty_caches()}
+    if with_length:
+        kwargs["length"] = torch.ones(1, dtype=torch.int32)
+    return kwargs
+
+
+def convert(lm: GQAForCausalLM, context_len: int, prefill_len: int):
+    """-> litert_torch edge model with `prefill` (T=prefill_len, padded + length) and `decode` (T=1)."""
+    import litert_torch
+
+    if not 1 < prefill_len <= context_len:
+        raise ValueError(f"prefill_len={prefill_len} must be in 2..context_len={context_len}")
+    module = LiteRTCacheIOLM(lm, context_len).eval()
+    with torch.no_grad():
+        return (litert_torch.signature("prefill", module, sample_kwargs=sample_kwargs(module, prefill_len, True))
+                .signature("decode", module, sample_kwargs=sample_kwargs(module, 1, False))
+                .convert())
+
+
+def save(edge_model, path: str | Path) -> Path:
+    """Atomic save: export to a temporary sibling, then rename over the target."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    edge_model.export(str(tmp))
+    os.replace(tmp, path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Graph inspection: the GPU-clean claims, checked on the flatbuffer itself
+# --------------------------------------------------------------------------------------------
+def op_report(path: str | Path) -> dict:
+    """Op histogram, tensor ranks and signatures of a .tflite, read from the flatbuffer itself.
+
+    The interpreter's `_get_ops_details()` / `get_tensor_details()` only see subgraph 0 (one
+    signature), so the schema is walked directly: every subgraph, every operator, every tensor
+    (a rank-5 intermediate cannot hide in the decode subgraph). The file is memory-mapped, so
+    weights are never copied.
+    """
+    import mmap
+
+    from ai_edge_litert import schema_py_generated as schema
+
+    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    ops: collections.Counter = collections.Counter()
+    ranks: collections.Counter = collections.Counter()
+    worst: dict | None = None
+    subgraphs = []
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        model = schema.Model.GetRootAs(buf, 0)
+        for g in range(model.SubgraphsLength()):
+            sg = model.Subgraphs(g)
+            subgraphs.append((sg.Name() or b"").decode())
+            for i in range(sg.OperatorsLength()):
+                code = model.OperatorCodes(sg.Operators(i).OpcodeIndex())
+                # Codes >= 127 live in BuiltinCode; DeprecatedBuiltinCode caps at 127.
+                builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+                name = names.get(builtin, str(builtin))
+                if name == "CUSTOM":
+                    name = f"CUSTOM:{(code.CustomCode() or b'').decode()}"
+                ops[name] += 1
+            for i in range(sg.TensorsLength()):
+                t = sg.Tensors(i)
+                rank = t.ShapeLength()
+                ranks[rank] += 1
+                if worst is None or rank > worst["rank"]:
+                    worst = {"rank": rank, "subgraph": subgraphs[-1], "name": (t.Name() or b"").decode(),
+                             "shape": [int(x) for x in t.ShapeAsNumpy()] if rank else []}
+    return {"ops": dict(sorted(ops.items())), "tensor_ranks": dict(sorted(ranks.items())),
+            "max_rank": max(ranks) if ranks else 0, "max_rank_tensor": worst, "subgraphs": subgraphs}
+
+
+GPU_UNCLEAN_OPS = ("BROADCAST_TO", "GATHER_ND", "STABLEHLO_COMPOSITE")
+
+
+def gpu_clean_findings(report: dict) -> list[str]:
+    """Reasons the graph is not GPU-clean (empty list = clean by these static rules)."""
+    findings = [f"{op} x{report['ops'][op]}" for op in GPU_UNCLEAN_OPS if op in report["ops"]]
+    if report["max_rank"] > 4:
+        findings.append(f"rank-{report['max_rank']} tensor {report['max_rank_tensor']}")
+    return findings
+
+
+# --------------------------------------------------------------------------------------------
+# Runtime
+# --------------------------------------------------------------------------------------------
+class LiteRTSession:
+    """CPU Interpreter with host-held caches; `step` is a generation.StepFn."""
+
+    def __init__(self, path: str | Path, num_threads: int | None = None):
+        self.path = Path(path)
+        self.num_threads = num_threads
+
+    def __enter__(self) -> "LiteRTSession":
+        from ai_edge_litert.interpreter import Interpreter
+
+        kwargs = {} if self.num_threads is None else {"num_threads": self.num_threads}
+        self.interpreter = Interpreter(model_path=str(self.path), **kwargs)
+        self.runners = {n: self.interpreter.get_signature_runner(n) for n in ("prefill", "decode")}
+        inputs = self.runners["prefill"].get_input_details()
+        self.prefill_len = int(inputs["input_ids"]["shape"][1])
+        self.cache_names = sorted(n[len(CACHE_INPUT_PREFIX):] for n in inputs if n.startswith(CACHE_INPUT_PREFIX))
+        first = inputs[CACHE_INPUT_PREFIX + self.cache_names[0]]
+        self.context_len = int(first["shape"][2])
+        self.reset()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runners, self.interpreter = {}, None
+
+    def reset(self) -> None:
+        shape = self.runners["prefill"].get_input_details()[CACHE_INPUT_PREFIX + self.cache_names[0]]["shape"]
+        self.caches = {n: np.zeros(shape, dtype=np.float32) for n in self.cache_names}
+
+    def _run(self, signature: str, **inputs) -> np.ndarray:
+        feed = {CACHE_INPUT_PREFIX + n: c for n, c in self.caches.items()}
+        out = self.runners[signature](**feed, **inputs)
+        self.caches = {n: out[n] for n in self.cache_names}
+        return out["logits"].reshape(-1)
+
+    def prefill(self, token_ids: Sequence[int], start: int) -> np.ndarray:
+        """Up to prefill_len tokens in one call (right-padded; `length` keeps padding out)."""
+        n = len(token_ids)
+        ids = np.zeros((1, self.prefill_len), dtype=np.int32)
+        ids[0, :n] = token_ids
+        return self._run("prefill", input_ids=ids, start=np.array([start], np.int32),
+                         length=np.array([n], np.int32))
+
+    def decode(self, token: int, start: int) -> np.ndarray:
+        return self._run("decode", input_ids=np.array([[token]], np.int32), start=np.array([start], np.int32))
+
+    def step(self, token_ids: Sequence[int], start: int) -> np.ndarray:
+        """generation.StepFn. The graph cannot raise, and a position past the cache has no one-hot
+        column (RoPE and the write silently become zero), so the limit is enforced here."""
+        n = len(token_ids)
+        check_fits(start, n, self.context_len)
+        if start == 0:
+            self.reset()  # not needed for correctness (stale entries are masked), but keeps runs reproducible
+        if n == 1:
+            return self.decode(int(token_ids[0]), start)
+        for i in range(0, n, self.prefill_len):
+            logits = self.prefill(list(token_ids[i : i + self.prefill_len]), start + i)
+        return logits

@@ -1,0 +1,171 @@
+"""Greedy decoding and the token-exact gate, independent of model and target.
+
+Everything speaks one small interface, a *step*:
+
+    step(token_ids: list[int], start: int) -> np.ndarray   # float32 logits [vocab] of the last token
+
+`token_ids` are the tokens at absolute positions start .. start+len-1 (the whole prompt at start=0,
+then one token per call). A call with start=0 begins a new sequence. Eager modules, a Core AI
+bundle and a LiteRT bundle each provide a step; `greedy` drives any of them, and
+`token_exact_gate` compares a candidate stream with the reference stream.
+
+The gate (what the anchor zoo publishes): greedy tokens must be identical to the reference
+(transformers fp32 on the same weights). A first divergence is tolerated only where the reference's
+own top-2 logit margin is below 0.1 — a knife-edge tie that any rounding difference may flip.
+Per-step logits cosine is reported for the steps whose contexts are still identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+StepFn = Callable[[Sequence[int], int], np.ndarray]
+
+DEFAULT_PROMPT = "The alphabet begins A, B, C, D, E, F,"
+# Raw text, no chat template: the instruct model continues plain prompts sensibly (the alphabet
+# prompt gives " G, H, I, J, ..."), and a template would only add ~20 tokens per step of work.
+DEFAULT_PROMPTS = (DEFAULT_PROMPT, "The capital of France is", "def fibonacci(n):")
+DEFAULT_NEW_TOKENS = 16
+KNIFE_EDGE_MARGIN = 0.1
+
+
+class ContextOverflow(ValueError):
+    """A prompt or a decode step does not fit the exported context (names the limit)."""
+
+
+def check_fits(start: int, n: int, context_len: int) -> None:
+    """Raise ContextOverflow unless positions start .. start+n-1 lie inside the context. Bundles
+    check on the host: a compiled graph cannot raise and would silently mis-index instead."""
+    if n <= 0:
+        raise ValueError("a step needs at least one token")
+    if start < 0 or start + n > context_len:
+        raise ContextOverflow(
+            f"positions {start}..{start + n - 1} do not fit the exported context of {context_len} tokens "
+            f"(context_len={context_len}); re-export with a larger context_len, or shorten the prompt "
+            f"or the generation")
+
+
+@dataclass
+class Stream:
+    """A greedy generation: prompt, generated tokens, and the logits each token was chosen from."""
+
+    prompt_ids: list[int]
+    tokens: list[int] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)
+
+
+def greedy(step: StepFn, prompt_ids: Sequence[int], new_tokens: int = DEFAULT_NEW_TOKENS) -> Stream:
+    """Greedy decoding: one prefill call, then one call per generated token (no EOS stop: the
+    gate compares fixed-length streams)."""
+    prompt_ids = [int(t) for t in prompt_ids]
+    out = Stream(prompt_ids)
+    logits = step(prompt_ids, 0)
+    for i in range(new_tokens):
+        logits = np.asarray(logits, dtype=np.float32).reshape(-1)
+        token = int(np.argmax(logits))
+        out.tokens.append(token)
+        out.logits.append(logits)
+        if i + 1 < new_tokens:
+            logits = step([token], len(prompt_ids) + i)
+    return out
+
+
+def full_recompute_step(forward: Callable[[torch.Tensor], torch.Tensor]) -> StepFn:
+    """A step over any `forward(ids [1, T] int64) -> logits [1, T, V]` with no cache: it keeps the
+    token history and re-runs the whole sequence. Slow but trivially correct: the oracle form."""
+    history: list[int] = []
+
+    def step(token_ids: Sequence[int], start: int) -> np.ndarray:
+        if start == 0:
+            history.clear()
+        if start != len(history):
+            raise ValueError(f"step at start={start}, but {len(history)} tokens are in the history")
+        history.extend(int(t) for t in token_ids)
+        with torch.no_grad():
+            logits = forward(torch.tensor([history], dtype=torch.long))
+        return logits[0, -1].float().numpy()
+
+    return step
+
+
+def hf_step(hf_model) -> StepFn:
+    """Reference step: transformers *ForCausalLM (fp32), full recompute, no cache object involved."""
+    return full_recompute_step(lambda ids: hf_model(input_ids=ids, use_cache=False).logits)
+
+
+def top2_margin(logits: np.ndarray) -> float:
+    top2 = np.partition(np.asarray(logits, dtype=np.float64), -2)[-2:]
+    return float(top2[1] - top2[0])
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-300))
+
+
+@dataclass
+class TokenGateResult:
+    passed: bool
+    verdict: str  # "token-exact" | "knife-edge tie" | "diverged" | "prompt mismatch" | "length mismatch"
+    first_divergence: int | None
+    transcript: dict
+
+
+def token_exact_gate(reference: Stream, candidate: Stream, knife_edge: float = KNIFE_EDGE_MARGIN,
+                     decode: Callable[[list[int]], str] | None = None, prompt_text: str | None = None
+                     ) -> TokenGateResult:
+    """Compare two greedy streams; returns verdict + a JSON-able transcript.
+
+    Pass: identical tokens, or a first divergence at a step where the reference's top-2 margin
+    is < knife_edge. Fail: a different prompt, a different length, or a decisive divergence.
+    """
+    margins = [top2_margin(lg) for lg in reference.logits]
+    first = next((i for i, (r, c) in enumerate(zip(reference.tokens, candidate.tokens)) if r != c), None)
+    # Logits are comparable while both streams have seen the same context: up to the divergence.
+    last_same_context = len(reference.logits) if first is None else first + 1
+    cosines = [cosine(r, c) for r, c in zip(reference.logits[:last_same_context], candidate.logits)]
+
+    if candidate.prompt_ids != reference.prompt_ids:
+        passed, verdict = False, "prompt mismatch"
+    elif len(candidate.tokens) != len(reference.tokens):
+        passed, verdict = False, "length mismatch"
+    elif first is None:
+        passed, verdict = True, "token-exact"
+    elif margins[first] < knife_edge:
+        passed, verdict = True, "knife-edge tie"
+    else:
+        passed, verdict = False, "diverged"
+
+    transcript = {
+        "gate": "greedy_token_exact",
+        "rule": f"identical greedy tokens; a first divergence passes only where the reference top-2 "
+                f"logit margin < {knife_edge} (knife-edge tie)",
+        "knife_edge_margin": knife_edge,
+        "prompt_text": prompt_text,
+        "prompt_ids": reference.prompt_ids,
+        "candidate_prompt_ids": None if candidate.prompt_ids == reference.prompt_ids else candidate.prompt_ids,
+        "reference_tokens": reference.tokens,
+        "candidate_tokens": candidate.tokens,
+        "reference_text": decode(reference.tokens) if decode else None,
+        "candidate_text": decode(candidate.tokens) if decode else None,
+        "reference_top2_margins": [round(m, 6) for m in margins],
+        "logits_cosine": [round(c, 9) for c in cosines],
+        "min_logits_cosine": round(min(cosines), 9) if cosines else None,
+        "first_divergence": first,
+        "margin_at_divergence": None if first is None else round(margins[first], 6),
+        "verdict": verdict,
+        "passed": passed,
+    }
+    return TokenGateResult(passed, verdict, first, transcript)
+
+
+def run_token_gate(reference_step: StepFn, candidate_step: StepFn, prompt_ids: Sequence[int],
+                   new_tokens: int = DEFAULT_NEW_TOKENS, **gate_kwargs) -> TokenGateResult:
+    """Generate with both steps from the same prompt and gate the candidate."""
+    reference = greedy(reference_step, prompt_ids, new_tokens)
+    candidate = greedy(candidate_step, prompt_ids, new_tokens)
+    return token_exact_gate(reference, candidate, **gate_kwargs)

