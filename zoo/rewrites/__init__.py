@@ -60,7 +60,9 @@ def apply(module: nn.Module, ids: Iterable[str], *, inplace: bool = False) -> nn
     return apply_logged(module, ids, inplace=inplace)[0]
 
 
-def apply_logged(module: nn.Module, ids: Iterable[str], *, inplace: bool = False) -> tuple[nn.Module, list[tuple[str, str]]]:
+def apply_logged(
+    module: nn.Module, ids: Iterable[str], *, inplace: bool = False
+) -> tuple[nn.Module, list[tuple[str, str]]]:
     """Like `apply`, also returning [(module path, rewrite id)] for every replaced submodule."""
     return apply_swaps(module, [get(i) for i in ids], inplace=inplace)
 

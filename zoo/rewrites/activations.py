@@ -109,6 +109,7 @@ REWRITES = [
         demo=_demo_clamp01,
         swap=_SWAP_HARDTANH,
         function=clamp01,
+        emits_before=("RELU_0_TO_1",),
         upstream="google-ai-edge/LiteRT#8598",
         notes="The seed's relu(x)-relu(x-1) returns 0 for x > 2048 in fp16; -max(-relu(x), -1) is exact.",
     ),
@@ -122,6 +123,7 @@ REWRITES = [
         detect=lambda p: tfl.find_ops(p, "SELECT", "SELECT_V2"),
         demo=_demo_prelu,
         swap=_SWAP_PRELU,
+        emits_before=("RELU", "MUL", "SUB"),
     ),
     Rewrite(
         id="elu_arith",
@@ -134,5 +136,8 @@ REWRITES = [
         detect=lambda p: tfl.find_ops(p, "SELECT", "SELECT_V2"),
         demo=_demo_elu,
         swap=_SWAP_ELU,
+        emits_before=("SELECT",),
+        reproduces_on_checker=False,
+        notes="SELECT is accepted by the WebGPU checker; the seed reports phone delegates rejecting it.",
     ),
 ]

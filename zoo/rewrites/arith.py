@@ -178,7 +178,9 @@ def _demo_alias() -> Demo:
 
 
 # Wraps the model as a whole (root only): the extra input must be a graph input.
-_SWAP_ALIAS = ModuleSwap((nn.Module,), lambda m: None if isinstance(m, AliasSafeOutputs) else AliasSafeOutputs(m), root_only=True)
+_SWAP_ALIAS = ModuleSwap(
+    (nn.Module,), lambda m: None if isinstance(m, AliasSafeOutputs) else AliasSafeOutputs(m), root_only=True
+)
 
 
 REWRITES = [
@@ -193,7 +195,10 @@ REWRITES = [
         detect=lambda p: tfl.find_ops(p, "SELECT", "SELECT_V2"),
         demo=_demo_select,
         function=select_arith,
-        notes="Mask must be exactly 0/1 and the fill finite (inf * 0 = NaN).",
+        emits_before=("SELECT_V2",),
+        reproduces_on_checker=False,
+        notes="Mask must be exactly 0/1 and the fill finite (inf * 0 = NaN). SELECT_V2 is accepted by the "
+        "WebGPU checker; the seed reports phone delegates rejecting it.",
     ),
     Rewrite(
         id="softmax_len1",
@@ -207,6 +212,7 @@ REWRITES = [
         demo=_demo_softmax_len1,
         swap=_SWAP_SOFTMAX,
         function=softmax_safe,
+        emits_before=("DIV",),
         upstream="google-ai-edge/LiteRT#9192",
     ),
     Rewrite(
@@ -220,6 +226,7 @@ REWRITES = [
         detect=tfl.find_fc_rank_drop,
         demo=lambda: _demo_fc("add"),
         swap=_SWAP_LINEAR,
+        emits_before=("FULLY_CONNECTED", "ADD"),
         failure="numeric-gpu",
         notes="Swaps nn.Linear (with bias) for F.linear(x, W) + b; for ADD the converter then folds the "
         "bias into the constant. Also fixes the MUL form, where no fold is possible.",
@@ -227,16 +234,17 @@ REWRITES = [
     Rewrite(
         id="add_output_alias",
         family="arith",
-        fixes="device-only: an ADD result that is a graph output and consumed downstream comes back "
-        "holding an operand",
+        fixes="device-only: an ADD result that is a graph output and consumed downstream comes back holding an operand",
         targets=(LITERT_GPU,),
         exactness="bit-exact",
         status=NEEDED,
         detect=tfl.find_aliased_add_outputs,
         demo=_demo_alias,
         swap=_SWAP_ALIAS,
+        emits_before=("ADD",),
         failure="device-only",
         opt_in=True,
+        reproduces_on_checker=False,
         upstream="google-ai-edge/LiteRT#8599",
         notes="Adds a runtime input `one` (feed 1.0). Not reproducible on the WebGPU/lavapipe checker.",
     ),

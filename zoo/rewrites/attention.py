@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from zoo.rewrites import inspect as tfl
-from zoo.rewrites.base import LITERT_GPU, NEEDED, Demo, Lambda, ModuleSwap, Rewrite, seeded
+from zoo.rewrites.base import LITERT_GPU, NEEDED, Demo, Lambda, ModuleSwap, Rewrite, apply_swap, seeded
 
 KvForm = Literal["expand", "cat_expand", "slice_concat", "query_fold"]
 
@@ -155,7 +155,11 @@ class GQAAttention(nn.Module):
                 mask = fold_mask(mask, self.n_kv, n_rep) if self.expand_mask else repeat_along(mask, 2, n_rep)
             out = unfold_queries(attend(fold_queries(q, self.n_kv), k, v, mask), self.n_heads)
         else:
-            repeat = {"expand": repeat_kv_expand, "cat_expand": repeat_kv_cat_expand, "slice_concat": repeat_kv_slice_concat}[self.kv_form]
+            repeat = {
+                "expand": repeat_kv_expand,
+                "cat_expand": repeat_kv_cat_expand,
+                "slice_concat": repeat_kv_slice_concat,
+            }[self.kv_form]
             k, v = repeat(k, n_rep), repeat(v, n_rep)
             if mask is not None and self.expand_mask:
                 mask = expand_mask_heads(mask, self.n_heads)
@@ -187,12 +191,15 @@ def _swap_kv(form: KvForm) -> ModuleSwap:
 
 def _demo_kv(form: KvForm) -> Demo:
     before, args = _tiny_gqa(kv_form="expand", expand_mask=True)
-    return Demo(before, _swap_kv(form).build(before), args)
+    return Demo(before, apply_swap(before, _swap_kv(form))[0], args)
 
 
 def _demo_mask() -> Demo:
     before, args = _tiny_gqa(kv_form="slice_concat", expand_mask=False)
-    return Demo(before, before.variant(expand_mask=True), args)
+    return Demo(before, apply_swap(before, _SWAP_MASK)[0], args)
+
+
+_SWAP_MASK = ModuleSwap((GQAAttention,), lambda m: None if m.expand_mask else m.variant(expand_mask=True))
 
 
 def _demo_bmm() -> Demo:
@@ -221,6 +228,7 @@ REWRITES = [
         demo=lambda: _demo_kv("slice_concat"),
         swap=_swap_kv("slice_concat"),
         function=repeat_kv_slice_concat,
+        emits_before=("BROADCAST_TO",),
         upstream="google-ai-edge/LiteRT#9191",
     ),
     Rewrite(
@@ -234,6 +242,7 @@ REWRITES = [
         demo=lambda: _demo_kv("query_fold"),
         swap=_swap_kv("query_fold"),
         function=fold_queries,
+        emits_before=("BROADCAST_TO",),
         upstream="google-ai-edge/LiteRT#9191",
         notes="Fold the mask with fold_mask(); unfold the output with unfold_queries().",
     ),
@@ -247,9 +256,11 @@ REWRITES = [
         status=NEEDED,
         detect=tfl.find_broadcast_add_after_bmm,
         demo=_demo_mask,
-        swap=ModuleSwap((GQAAttention,), lambda m: None if m.expand_mask else m.variant(expand_mask=True)),
+        swap=_SWAP_MASK,
         function=expand_mask_heads,
+        emits_before=("BATCH_MATMUL", "ADD"),
         failure="numeric-gpu",
+        reproduces_on_checker=False,
         upstream="google-ai-edge/LiteRT#8593",
         notes="Fixed in the ai-edge-litert 2.3.0 runtime (exact on the WebGPU checker); kept for devices "
         "running older runtimes.",
@@ -265,6 +276,7 @@ REWRITES = [
         detect=tfl.find_broadcast_bmm,
         demo=_demo_bmm,
         function=matmul_no_broadcast,
+        emits_before=("BATCH_MATMUL",),
         failure="numeric-gpu",
     ),
 ]

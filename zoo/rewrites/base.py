@@ -87,6 +87,10 @@ class Rewrite:
     # "device-only" (not reproducible on the WebGPU/lavapipe checker), "conversion" (converter raises).
     failure: str = "structural"
     opt_in: bool = False  # applied only when asked for by id (e.g. it changes the model's inputs)
+    # False where the WebGPU/lavapipe checker cannot show the failure (fixed in its runtime, phone-only,
+    # device-only); `notes` says which. The GPU tests then assert the original *passes* there, so a
+    # change in the checker is noticed rather than hidden.
+    reproduces_on_checker: bool = True
     upstream: str = ""  # tracking issue
     notes: str = ""
 
@@ -114,7 +118,7 @@ class Rewrite:
 def swap_modules(model: nn.Module, swap: ModuleSwap) -> list[str]:
     """Replace matching submodules of `model` in place; return the dotted paths that were replaced.
 
-    The root itself is not replaced here (a module cannot replace itself); `apply` handles the root.
+    The root itself is not replaced here (a module cannot replace itself); `apply_swap` handles it.
     Replacements are not searched again, so a rewrite that wraps its source cannot recurse forever.
     """
     replaced: list[str] = []

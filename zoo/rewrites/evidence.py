@@ -97,7 +97,12 @@ class GpuEvidence:
 
 def gpu_inputs(args: tuple) -> dict[str, dict[str, np.ndarray]]:
     """litert-torch names the inputs of the default signature args_0, args_1, ..."""
-    return {"serving_default": {f"args_{i}": np.ascontiguousarray(a.detach().numpy() if isinstance(a, torch.Tensor) else a) for i, a in enumerate(args)}}
+    return {
+        "serving_default": {
+            f"args_{i}": np.ascontiguousarray(a.detach().numpy() if isinstance(a, torch.Tensor) else a)
+            for i, a in enumerate(args)
+        }
+    }
 
 
 def collect_gpu(ev: Evidence) -> GpuEvidence:

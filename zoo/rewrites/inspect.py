@@ -124,7 +124,9 @@ def find_ops(path: str | Path, *names: str) -> list[str]:
 def find_rank_over(path: str | Path, limit: int = 4) -> list[str]:
     """Tensors of rank > 4: the delegate fails with "bad input dims size: 6" and the like."""
     g = read_graph(path)
-    return [f"{op.name} with a rank-{len(s)} tensor {s}" for op in g.ops for s in op.inputs + op.outputs if len(s) > limit]
+    return [
+        f"{op.name} with a rank-{len(s)} tensor {s}" for op in g.ops for s in op.inputs + op.outputs if len(s) > limit
+    ]
 
 
 def find_broadcast_bmm(path: str | Path) -> list[str]:
@@ -195,7 +197,12 @@ def find_fc_rank_drop(path: str | Path) -> list[str]:
             continue
         for i, t in enumerate(op.input_ids):
             other = 1 - i
-            if t in fc_out and op.const_inputs[other] and len(op.inputs[other]) > fc_out[t] and _numel(op.inputs[other]) == _numel(op.inputs[i]):
+            if (
+                t in fc_out
+                and op.const_inputs[other]
+                and len(op.inputs[other]) > fc_out[t]
+                and _numel(op.inputs[other]) == _numel(op.inputs[i])
+            ):
                 found.append(f"rank-{fc_out[t]} FULLY_CONNECTED output into {_fmt(op)}")
     return found
 
@@ -270,6 +277,8 @@ def run_tflite_cpu(path: str | Path, args: Sequence[torch.Tensor | np.ndarray]) 
 
     interp = Interpreter(model_path=str(path))
     runner = interp.get_signature_runner()
-    feeds = {f"args_{i}": np.asarray(a.detach().numpy() if isinstance(a, torch.Tensor) else a) for i, a in enumerate(args)}
+    feeds = {
+        f"args_{i}": np.asarray(a.detach().numpy() if isinstance(a, torch.Tensor) else a) for i, a in enumerate(args)
+    }
     out = runner(**feeds)
     return [out[k] for k in sorted(out, key=lambda k: int(k.rsplit("_", 1)[-1]))]

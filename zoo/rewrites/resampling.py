@@ -26,7 +26,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.rewrites import inspect as tfl
-from zoo.rewrites.base import COREAI, LITERT_GPU, NEEDED, NOT_NEEDED, Demo, Lambda, ModuleSwap, Rewrite, apply_swap, const_like, seeded
+from zoo.rewrites.base import (
+    COREAI,
+    LITERT_GPU,
+    NEEDED,
+    NOT_NEEDED,
+    Demo,
+    ModuleSwap,
+    Rewrite,
+    apply_swap,
+    const_like,
+    seeded,
+)
 
 # --- transposed convolution as zero-stuffing + a plain convolution --------------------------------------
 
@@ -118,7 +129,14 @@ class ZeroStuffConvTranspose1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = zero_stuff_conv_transpose2d(
-            x.unsqueeze(2), self.weight, self.bias, self.stride, self.padding, self.output_padding, self.dilation, self.groups
+            x.unsqueeze(2),
+            self.weight,
+            self.bias,
+            self.stride,
+            self.padding,
+            self.output_padding,
+            self.dilation,
+            self.groups,
         )
         return y.squeeze(2)
 
@@ -223,7 +241,9 @@ def bicubic_matrix(n_in: int, n_out: int, align_corners: bool, scale: float | No
     return m
 
 
-def resize_bicubic(x: torch.Tensor, size: tuple[int, int], align_corners: bool = False, scale_factor: tuple[float, float] | None = None) -> torch.Tensor:
+def resize_bicubic(
+    x: torch.Tensor, size: tuple[int, int], align_corners: bool = False, scale_factor: tuple[float, float] | None = None
+) -> torch.Tensor:
     """F.interpolate(x, size, mode="bicubic") on NCHW as x @ A_wᵀ, then the same on the H axis."""
     h, w = x.shape[-2:]
     sh, sw = (None, None) if scale_factor is None else (1.0 / scale_factor[0], 1.0 / scale_factor[1])
@@ -278,7 +298,13 @@ def _tent_weights(coord: torch.Tensor, size: int) -> torch.Tensor:
     return torch.relu(1.0 - torch.abs(spread - const_like(np.arange(size), coord)))
 
 
-def grid_sample_bilinear(x: torch.Tensor, grid: torch.Tensor, align_corners: bool = False, padding_mode: str = "zeros", mode: str = "bilinear") -> torch.Tensor:
+def grid_sample_bilinear(
+    x: torch.Tensor,
+    grid: torch.Tensor,
+    align_corners: bool = False,
+    padding_mode: str = "zeros",
+    mode: str = "bilinear",
+) -> torch.Tensor:
     """F.grid_sample for mode="bilinear", padding "zeros"/"border", as matmuls — no GATHER_ND, rank <= 4.
 
     x [N, C, H, W], grid [N, Ho, Wo, 2] -> [N, C, Ho, Wo]. Out-of-range taps get weight 0, which is
@@ -314,7 +340,9 @@ def grid_sample_intermediate_bytes(x_shape: tuple[int, ...], grid_shape: tuple[i
 class GridSample(nn.Module):
     """A module form of F.grid_sample, so models can be swapped instead of edited."""
 
-    def __init__(self, align_corners: bool = False, padding_mode: str = "zeros", mode: str = "bilinear", gpu_clean: bool = False):
+    def __init__(
+        self, align_corners: bool = False, padding_mode: str = "zeros", mode: str = "bilinear", gpu_clean: bool = False
+    ):
         super().__init__()
         self.align_corners, self.padding_mode, self.mode, self.gpu_clean = align_corners, padding_mode, mode, gpu_clean
 
@@ -332,7 +360,10 @@ def _swap_grid_sample(m: GridSample) -> nn.Module | None:
 
 # --- demos -----------------------------------------------------------------------------------------
 
-_SWAP_CONVT = ModuleSwap((nn.ConvTranspose1d, nn.ConvTranspose2d), lambda m: (ZeroStuffConvTranspose1d if isinstance(m, nn.ConvTranspose1d) else ZeroStuffConvTranspose2d)(m))
+_SWAP_CONVT = ModuleSwap(
+    (nn.ConvTranspose1d, nn.ConvTranspose2d),
+    lambda m: (ZeroStuffConvTranspose1d if isinstance(m, nn.ConvTranspose1d) else ZeroStuffConvTranspose2d)(m),
+)
 _SWAP_PIXEL_SHUFFLE = ModuleSwap((nn.PixelShuffle,), lambda m: PixelShuffleConvT(m.upscale_factor))
 _SWAP_MAXPOOL = ModuleSwap((nn.MaxPool2d,), _swap_maxpool)
 _SWAP_BICUBIC = ModuleSwap((nn.Upsample,), _swap_upsample)
@@ -405,7 +436,9 @@ REWRITES = [
         exactness="<=1e-6",
         status=NEEDED,
         detect=lambda p: tfl.find_ops(p, "GATHER_ND", "BROADCAST_TO") + tfl.find_rank_over(p),
-        demo=lambda: _demo_swap(nn.Sequential(nn.Upsample(scale_factor=2, mode="bicubic")), _SWAP_BICUBIC, _x(1, 3, 5, 6)),
+        demo=lambda: _demo_swap(
+            nn.Sequential(nn.Upsample(scale_factor=2, mode="bicubic")), _SWAP_BICUBIC, _x(1, 3, 5, 6)
+        ),
         swap=_SWAP_BICUBIC,
         function=resize_bicubic,
         emits_before=("GATHER_ND",),

@@ -131,7 +131,9 @@ class WindowAttention(nn.Module):
 def patchify_naive(x: torch.Tensor, p: int) -> torch.Tensor:
     """einops `b c (h p1) (w p2) -> b (h w) (p1 p2 c)`, as einops lowers it: a rank-6 permute."""
     b, c, hh, ww = x.shape
-    return x.reshape(b, c, hh // p, p, ww // p, p).permute(0, 2, 4, 3, 5, 1).reshape(b, (hh // p) * (ww // p), p * p * c)
+    return (
+        x.reshape(b, c, hh // p, p, ww // p, p).permute(0, 2, 4, 3, 5, 1).reshape(b, (hh // p) * (ww // p), p * p * c)
+    )
 
 
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:

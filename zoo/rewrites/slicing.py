@@ -14,11 +14,21 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from zoo.rewrites import inspect as tfl
-from zoo.rewrites.base import LITERT_GPU, NEEDED, NOT_NEEDED, Demo, Lambda, ModuleSwap, Rewrite, apply_swap, const_like, seeded
+from zoo.rewrites.base import (
+    LITERT_GPU,
+    NEEDED,
+    NOT_NEEDED,
+    Demo,
+    Lambda,
+    ModuleSwap,
+    Rewrite,
+    apply_swap,
+    const_like,
+    seeded,
+)
 
 # --- strided slice ---------------------------------------------------------------------------------
 
@@ -115,7 +125,9 @@ def _edge_pad_from(m: nn.Module) -> EdgePad:
     return EdgePad(m.padding, mode)
 
 
-_SWAP_EDGE = ModuleSwap((nn.ReflectionPad1d, nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d), _edge_pad_from)
+_SWAP_EDGE = ModuleSwap(
+    (nn.ReflectionPad1d, nn.ReplicationPad1d, nn.ReplicationPad2d, nn.ReplicationPad3d), _edge_pad_from
+)
 _SWAP_REFLECT_2D = ModuleSwap((nn.ReflectionPad2d,), _edge_pad_from)
 
 
@@ -125,15 +137,18 @@ def _demo_pad(module: nn.Module, swap: ModuleSwap, shape: tuple[int, ...]) -> De
 
 
 def _demo_stride() -> Demo:
-    return Demo(Lambda(_focus_naive, "focus x[..., ::2, ::2]"), Lambda(focus_space_to_depth), (torch.randn(1, 3, 8, 8, generator=seeded(18)),))
+    return Demo(
+        Lambda(_focus_naive, "focus x[..., ::2, ::2]"),
+        Lambda(focus_space_to_depth),
+        (torch.randn(1, 3, 8, 8, generator=seeded(18)),),
+    )
 
 
 REWRITES = [
     Rewrite(
         id="stride_slice_reshape",
         family="slicing",
-        fixes="GATHER_ND from stride-2 slicing (x[:, ::2], Focus stems, patch merging) — seed; today "
-        "STRIDED_SLICE",
+        fixes="GATHER_ND from stride-2 slicing (x[:, ::2], Focus stems, patch merging) — seed; today STRIDED_SLICE",
         targets=(LITERT_GPU,),
         exactness="bit-exact",
         status=NOT_NEEDED,

@@ -72,7 +72,15 @@ def istft_kernel(n_fft: int, window: np.ndarray, normalized: bool = False) -> np
 class STFTConv(nn.Module):
     """torch.view_as_real(torch.stft(x, n_fft, hop, window=..., return_complex=True)) for x [B, L]."""
 
-    def __init__(self, n_fft: int, hop_length: int, window: torch.Tensor | None = None, center: bool = True, pad_mode: str = "reflect", normalized: bool = False):
+    def __init__(
+        self,
+        n_fft: int,
+        hop_length: int,
+        window: torch.Tensor | None = None,
+        center: bool = True,
+        pad_mode: str = "reflect",
+        normalized: bool = False,
+    ):
         super().__init__()
         self.n_fft, self.hop, self.center, self.pad_mode = n_fft, hop_length, center, pad_mode
         kernel = stft_kernel(n_fft, _full_window(window, n_fft), normalized)
@@ -83,7 +91,11 @@ class STFTConv(nn.Module):
         x = x.unsqueeze(1)  # [B, 1, L]
         if self.center:
             half = self.n_fft // 2
-            x = pad_edges(x, (half, half), self.pad_mode) if self.pad_mode != "constant" else nn.functional.pad(x, (half, half))
+            x = (
+                pad_edges(x, (half, half), self.pad_mode)
+                if self.pad_mode != "constant"
+                else nn.functional.pad(x, (half, half))
+            )
         spec = nn.functional.conv1d(x, self.kernel.to(x.dtype), stride=self.hop)  # [B, 2F, T]
         f = self.n_fft // 2 + 1
         return spec.reshape(b, 2, f, -1).permute(0, 2, 3, 1)  # [B, F, T, 2]
@@ -99,7 +111,15 @@ def _overlap_envelope(n_fft: int, hop: int, frames: int, window: np.ndarray) -> 
 class ISTFTConv(nn.Module):
     """torch.istft(torch.view_as_complex(spec), n_fft, hop, window=...) for spec [B, F, T, 2]."""
 
-    def __init__(self, n_fft: int, hop_length: int, window: torch.Tensor | None = None, center: bool = True, normalized: bool = False, length: int | None = None):
+    def __init__(
+        self,
+        n_fft: int,
+        hop_length: int,
+        window: torch.Tensor | None = None,
+        center: bool = True,
+        normalized: bool = False,
+        length: int | None = None,
+    ):
         super().__init__()
         self.n_fft, self.hop, self.center, self.length = n_fft, hop_length, center, length
         self.window = _full_window(window, n_fft)
@@ -128,7 +148,10 @@ N_FFT, HOP = 32, 8
 
 def _demo_stft() -> Demo:
     window = torch.hann_window(N_FFT)
-    before = Lambda(lambda x: torch.view_as_real(torch.stft(x, N_FFT, HOP, window=window, center=True, return_complex=True)), "torch.stft")
+    before = Lambda(
+        lambda x: torch.view_as_real(torch.stft(x, N_FFT, HOP, window=window, center=True, return_complex=True)),
+        "torch.stft",
+    )
     return Demo(before, STFTConv(N_FFT, HOP, window), (torch.randn(1, 128, generator=seeded(23)),))
 
 
@@ -136,7 +159,10 @@ def _demo_istft() -> Demo:
     window = torch.hann_window(N_FFT)
     signal = torch.randn(1, 128, generator=seeded(24))
     spec = torch.view_as_real(torch.stft(signal, N_FFT, HOP, window=window, return_complex=True))
-    before = Lambda(lambda s: torch.istft(torch.view_as_complex(s.contiguous()), N_FFT, HOP, window=window, center=True), "torch.istft")
+    before = Lambda(
+        lambda s: torch.istft(torch.view_as_complex(s.contiguous()), N_FFT, HOP, window=window, center=True),
+        "torch.istft",
+    )
     return Demo(before, ISTFTConv(N_FFT, HOP, window), (spec,))
 
 
