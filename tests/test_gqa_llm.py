@@ -182,7 +182,7 @@ def test_export_forms_match_eagerly(tiny_lm, tiny_prompt, tiny_reference_stream)
         padded = torch.zeros(1, TINY_PREFILL + len(ids), dtype=torch.int32)  # also checks padding is inert
         padded[0, : len(ids)] = torch.tensor(ids)
         with torch.no_grad():
-            out = io(padded, torch.tensor([start], dtype=torch.int32), caches, torch.tensor([len(ids)], dtype=torch.int32))
+            out = io(padded, torch.tensor([start], dtype=torch.int32), torch.tensor([len(ids)], dtype=torch.int32), **caches)
         caches = {k: v for k, v in out.items() if k != "logits"}
         return out["logits"][0, -1].numpy()
 

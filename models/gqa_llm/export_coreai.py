@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -28,10 +29,7 @@ import numpy as np
 import torch
 
 from .generation import check_fits
-from .model import CoreAIStatefulLM, GQAForCausalLM, with_pretransposed_weights
-
-INPUT_NAMES = ["input_ids", "start"]
-OUTPUT_NAMES = ["logits"]
+from .model import ExportEntry, GQAForCausalLM, coreai_entries
 
 
 def _coreai():
@@ -43,47 +41,39 @@ def _coreai():
     return coreai_torch
 
 
-def example_inputs(t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.zeros(1, t, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
-
-
 def max_prefill(context_len: int) -> int:
-    """Longest single prefill call. T == context_len makes the cache slice write contiguous,
-    torch.export guards on it and refuses the dynamic dim, so the range stops one short; the
-    session splits a full-context prompt into prefill(context_len - 1) + decode(1)."""
+    """Longest single prefill call (see model.coreai_entries for why it is one short)."""
     return context_len - 1
 
 
-def export_functions(stateful: CoreAIStatefulLM) -> dict[str, torch.export.ExportedProgram]:
-    """torch.export the stateful module twice: dynamic-T prefill and T=1 decode, decomposed for
-    coreai-torch. Both programs mutate the same named buffers, which become shared states."""
+def export_entry(entry: ExportEntry) -> torch.export.ExportedProgram:
+    """torch.export (non-strict) + coreai-torch decompositions for one function."""
     coreai_torch = _coreai()
-    seq = torch.export.Dim("T", min=1, max=max_prefill(stateful.context_len))
-    specs = {
-        "prefill": (example_inputs(min(8, stateful.context_len)), {"input_ids": {1: seq}, "start": None}),
-        "decode": (example_inputs(1), None),
-    }
-    programs = {}
-    for name, (args, dynamic) in specs.items():
-        stateful.reset()
-        with torch.no_grad():
-            ep = torch.export.export(stateful.eval(), args, dynamic_shapes=dynamic, strict=False)
-        programs[name] = ep.run_decompositions(coreai_torch.get_decomp_table())
-    stateful.reset()
-    return programs
+    entry.module.reset()  # export traces with whatever the buffers hold; keep it deterministic
+    with torch.no_grad():
+        ep = torch.export.export(entry.module.eval(), tuple(entry.inputs.values()),
+                                 dynamic_shapes=entry.dynamic_shapes, strict=False)
+    return ep.run_decompositions(coreai_torch.get_decomp_table())
 
 
-def convert(lm: GQAForCausalLM, context_len: int):
-    """-> coreai AIProgram with `prefill` and `decode` sharing the cache states."""
+def convert(lm: GQAForCausalLM, context_len: int, timings: dict | None = None):
+    """-> coreai AIProgram with `prefill` and `decode` sharing the cache states.
+    `timings`, if given, receives seconds per stage (export+decompose, to_coreai)."""
     coreai_torch = _coreai()
-    # W^T weights: the runtime would otherwise transpose every weight on every call.
-    stateful = CoreAIStatefulLM(with_pretransposed_weights(lm), context_len).eval()
-    programs = export_functions(stateful)
+    timings = {} if timings is None else timings
+    t0 = time.perf_counter()
+    entries = coreai_entries(lm, context_len)
+    programs = [export_entry(e) for e in entries]
+    timings["export_s"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
     converter = coreai_torch.TorchConverter()
-    for name, ep in programs.items():
-        converter.add_exported_program(exported_program=ep, input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
-                                       state_names=stateful.state_names(), entrypoint_name=name)
-    return converter.to_coreai()
+    for entry, ep in zip(entries, programs):
+        converter.add_exported_program(exported_program=ep, input_names=list(entry.inputs),
+                                       output_names=entry.output_names, state_names=entry.state_names,
+                                       entrypoint_name=entry.name)
+    program = converter.to_coreai()
+    timings["to_coreai_s"] = round(time.perf_counter() - t0, 2)
+    return program
 
 
 def save(program, path: str | Path, metadata: dict | None = None) -> Path:

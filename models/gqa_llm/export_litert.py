@@ -7,11 +7,11 @@ notes/toolchain.md §3.2).
     with LiteRTSession(path) as session:
         stream = greedy(session.step, prompt_ids)
 
-Signatures (input names as the converter writes them; it prefixes dict entries with the arg name):
-    prefill(input_ids [1, P] int32, start [1] int32, length [1] int32, caches_k_cache_{i},
-            caches_v_cache_{i} [1, n_kv, context_len, D] fp32)
+Signatures (caches have the same names in and out):
+    prefill(input_ids [1, P] int32, start [1] int32, length [1] int32,
+            k_cache_{i}, v_cache_{i} [1, n_kv, context_len, D] fp32)
         -> logits [1, 1, V] (position start+length-1), k_cache_{i}, v_cache_{i}
-    decode (input_ids [1, 1] int32, start [1] int32, caches_*) -> logits [1, 1, V], k_cache_*, v_cache_*
+    decode (input_ids [1, 1] int32, start [1] int32, k_cache_*, v_cache_*) -> logits [1, 1, V], caches
 P (prefill_len) is static: GPU delegates want static shapes. A shorter prompt is right-padded and
 `length` marks the real tokens (padding is never written to the cache); a longer one is fed in
 P-sized chunks.
@@ -28,30 +28,17 @@ import numpy as np
 import torch
 
 from .generation import check_fits
-from .model import GQAForCausalLM, LiteRTCacheIOLM
-
-CACHE_INPUT_PREFIX = "caches_"  # litert-torch names dict inputs "<arg>_<key>"
-
-
-def sample_kwargs(module: LiteRTCacheIOLM, t: int, with_length: bool) -> dict:
-    kwargs = {"input_ids": torch.zeros(1, t, dtype=torch.int32), "start": torch.zeros(1, dtype=torch.int32),
-              "caches": module.empty_caches()}
-    if with_length:
-        kwargs["length"] = torch.ones(1, dtype=torch.int32)
-    return kwargs
-
+from .model import GQAForCausalLM, litert_entries
 
 def convert(lm: GQAForCausalLM, context_len: int, prefill_len: int):
     """-> litert_torch edge model with `prefill` (T=prefill_len, padded + length) and `decode` (T=1)."""
     import litert_torch
 
-    if not 1 < prefill_len <= context_len:
-        raise ValueError(f"prefill_len={prefill_len} must be in 2..context_len={context_len}")
-    module = LiteRTCacheIOLM(lm, context_len).eval()
+    converter = litert_torch
     with torch.no_grad():
-        return (litert_torch.signature("prefill", module, sample_kwargs=sample_kwargs(module, prefill_len, True))
-                .signature("decode", module, sample_kwargs=sample_kwargs(module, 1, False))
-                .convert())
+        for entry in litert_entries(lm, context_len, prefill_len):
+            converter = converter.signature(entry.name, entry.module, sample_kwargs=entry.inputs)
+        return converter.convert()
 
 
 def save(edge_model, path: str | Path) -> Path:
@@ -137,9 +124,9 @@ class LiteRTSession:
         self.runners = {n: self.interpreter.get_signature_runner(n) for n in ("prefill", "decode")}
         inputs = self.runners["prefill"].get_input_details()
         self.prefill_len = int(inputs["input_ids"]["shape"][1])
-        self.cache_names = sorted(n[len(CACHE_INPUT_PREFIX):] for n in inputs if n.startswith(CACHE_INPUT_PREFIX))
-        first = inputs[CACHE_INPUT_PREFIX + self.cache_names[0]]
-        self.context_len = int(first["shape"][2])
+        self.cache_names = sorted(n for n in inputs if n.startswith(("k_cache_", "v_cache_")))
+        self.cache_shape = tuple(int(x) for x in inputs[self.cache_names[0]]["shape"])
+        self.context_len = self.cache_shape[2]
         self.reset()
         return self
 
@@ -147,12 +134,10 @@ class LiteRTSession:
         self.runners, self.interpreter = {}, None
 
     def reset(self) -> None:
-        shape = self.runners["prefill"].get_input_details()[CACHE_INPUT_PREFIX + self.cache_names[0]]["shape"]
-        self.caches = {n: np.zeros(shape, dtype=np.float32) for n in self.cache_names}
+        self.caches = {n: np.zeros(self.cache_shape, dtype=np.float32) for n in self.cache_names}
 
     def _run(self, signature: str, **inputs) -> np.ndarray:
-        feed = {CACHE_INPUT_PREFIX + n: c for n, c in self.caches.items()}
-        out = self.runners[signature](**feed, **inputs)
+        out = self.runners[signature](**self.caches, **inputs)
         self.caches = {n: out[n] for n in self.cache_names}
         return out["logits"].reshape(-1)
 

@@ -62,7 +62,8 @@ def run(target: str, weights: str, context_len: int, prefill_len: int, new_token
     if target == "coreai":
         from . import export_coreai as ex
 
-        program = ex.convert(lm, context_len)
+        report["convert_stages"] = {}
+        program = ex.convert(lm, context_len, report["convert_stages"])
         report["convert_s"] = round(time.perf_counter() - t0, 2)
         t0 = time.perf_counter()
         path = ex.save(program, out_dir / f"gqa-llm-{weights}.aimodel")
@@ -105,6 +106,9 @@ def run(target: str, weights: str, context_len: int, prefill_len: int, new_token
         ids = tokenizer(prompts[0]).input_ids
         report["prompt_tokens"] = len(ids)
         report["prefill_latency"] = latency(lambda: session.step(ids, 0), 5)
+        for n in (64, 256):
+            if n < context_len:
+                report[f"prefill_latency_{n}_tokens"] = latency(lambda: session.step(list(range(n)), 0), 3)
         report["decode_latency"] = latency(lambda: session.step([ids[-1]], len(ids)), 20)
     report["peak_rss_mb"] = round(peak_rss_mb(), 1)
     report["path"] = str(path)

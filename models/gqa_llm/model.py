@@ -200,27 +200,39 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+# Position arithmetic is done on rank-4 [1, 1, T, *] tensors. Measured on the LiteRT GPU delegate
+# (WebGPU, fp32): a *runtime* tensor broadcast along axis 0 of a rank-1/2 tensor — `[1] + [T]`,
+# `[1, 1] + [T, 1]`, `[1, T] - [S, 1]` — is accepted but computes garbage (start + 0 in every lane);
+# the same arithmetic broadcasting along the inner axes of a rank-4 tensor is exact. Keeping every
+# position-derived tensor rank 4 with batch 1 avoids that class of miscompute.
+
+
+def position_column(start: torch.Tensor, t: int) -> torch.Tensor:
+    """Absolute positions start .. start+t-1 as a float [1, 1, t, 1] tensor (start: [1] int)."""
+    return start.reshape(1, 1, 1, 1).float() + torch.arange(t, dtype=torch.float32).reshape(1, 1, t, 1)
+
+
 def causal_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """Additive lower-right causal mask [T, num_keys] for queries at absolute float `positions` [T].
+    """Additive lower-right causal mask [1, 1, T, num_keys] for float `positions` [1, 1, T, 1].
 
     Key j is visible to the query at position p iff j <= p. Built as clamp(p - j + 1, 0, 1) with two
     ReLUs (exact on integers), so the graph has no comparison ops or integer arithmetic — forms the
     GPU delegates handle, unlike bool/int chains.
     """
-    keys = torch.arange(num_keys, dtype=torch.float32)
-    diff = positions[:, None] - keys[None, :] + 1.0
+    keys = torch.arange(num_keys, dtype=torch.float32).reshape(1, 1, 1, num_keys)
+    diff = positions - keys + 1.0
     visible = F.relu(diff) - F.relu(diff - 1.0)  # 1.0 where j <= p, else 0.0
     return (1.0 - visible) * MASK_VALUE
 
 
 def one_hot_rows(positions: torch.Tensor, num_cols: int) -> torch.Tensor:
-    """[T, num_cols] float matrix with a 1 at column positions[t] of row t (0 if out of range).
+    """[1, 1, T, num_cols]: 1.0 at column positions[..., t, 0] of row t (no 1 if out of range).
 
     relu(1 - |p - j|) is 1 exactly at j == p and 0 at every other integer: a gather-free,
     comparison-free one-hot.
     """
-    cols = torch.arange(num_cols, dtype=torch.float32)
-    return F.relu(1.0 - (positions[:, None] - cols[None, :]).abs())
+    cols = torch.arange(num_cols, dtype=torch.float32).reshape(1, 1, 1, num_cols)
+    return F.relu(1.0 - (positions - cols).abs())
 
 
 class Attention(nn.Module):
@@ -252,7 +264,7 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q [B, H, T, D] against k/v [B, n_kv, S, D] with an additive mask [T, S] -> [B, T, hidden].
+        """q [B, H, T, D] against k/v [B, n_kv, S, D], additive mask [1, 1, T, S] -> [B, T, hidden].
 
         Query fold: heads h = kv*n_rep + r (the grouping transformers' repeat_kv implies) become
         rows r*T + t of KV head kv, so both matmuls are plain batched matmuls with equal batch
@@ -266,11 +278,12 @@ class Attention(nn.Module):
         # reshaping [g, n_rep*T, D] straight to [B, H, T, D] makes torch.export guard on
         # Min(D, n_rep*D*T) and refuse a dynamic T (prefill).
         q = q.reshape(g, cfg.n_rep * t, hd)
-        # The mask repeats once per folded query head; torch.cat keeps it a concrete tensor
-        # rather than a broadcast.
-        mask = torch.cat([mask] * cfg.n_rep, dim=0)[None]
-        scores = torch.bmm(q, k.reshape(g, s, hd).transpose(1, 2)) * (hd**-0.5) + mask
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        scores = torch.bmm(q, k.reshape(g, s, hd).transpose(1, 2)) * (hd**-0.5)
+        # The mask repeats once per folded query head (torch.cat: a concrete tensor, not a
+        # broadcast) and is added at rank 4, where its broadcast over KV heads is an inner axis.
+        mask = torch.cat([mask] * cfg.n_rep, dim=2)
+        scores = scores.reshape(b, cfg.num_kv_heads, cfg.n_rep * t, s) + mask
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).reshape(g, cfg.n_rep * t, s)
         out = torch.bmm(probs, v.reshape(g, s, hd)).reshape(g, cfg.n_rep, t, hd).reshape(b, cfg.num_heads, t, hd)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.num_heads * hd))
 
@@ -339,7 +352,7 @@ class GQAForCausalLM(nn.Module):
         if t > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {t} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
         cos, sin = self.model.rope_cos[:t], self.model.rope_sin[:t]
-        mask = causal_mask(torch.arange(t, dtype=torch.float32), t)
+        mask = causal_mask(torch.arange(t, dtype=torch.float32).reshape(1, 1, t, 1), t)
         h = self.run_layers(self.model.embed_tokens(input_ids), cos, sin, mask)
         return self.lm_head(h)
 
@@ -484,8 +497,7 @@ class CoreAIStatefulLM(nn.Module):
         torch._check(p + t <= self.context_len)
         rope_cos, rope_sin = self.lm.model.rope_cos, self.lm.model.rope_sin
         cos, sin = rope_cos[p : p + t], rope_sin[p : p + t]
-        positions = start.reshape(1).float() + torch.arange(t, dtype=torch.float32)
-        mask = causal_mask(positions, self.context_len)
+        mask = causal_mask(position_column(start, t), self.context_len)
         writers = [self._cache_writer(i, p, t) for i in range(self.lm.cfg.num_layers)]
         h = self.lm.model.embed_tokens(input_ids)
         h = self.lm.run_layers(h, cos, sin, mask, writers)
@@ -498,8 +510,9 @@ class CoreAIStatefulLM(nn.Module):
 class LiteRTCacheIOLM(nn.Module):
     """Decoder whose caches travel as explicit rank-4 inputs and outputs [1, n_kv, context_len, D].
 
-    forward(input_ids [1, T] int32, start [1] int32, caches: dict name -> tensor, length [1] int32
-    or None) -> dict(logits [1, 1, vocab], <name>: updated cache...).
+    forward(input_ids [1, T] int32, start [1] int32, length [1] int32 or None, **caches) ->
+    dict(logits [1, 1, vocab], k_cache_{i}/v_cache_{i}: updated caches). The caches are keyword
+    arguments so the .tflite signature names them `k_cache_{i}` in and out, like the Core AI states.
 
     - T is static per signature: "prefill" uses a fixed chunk (shorter prompts are right-padded and
       `length` says how many tokens are real); "decode" uses T=1 and no `length`.
@@ -518,9 +531,10 @@ class LiteRTCacheIOLM(nn.Module):
             raise ValueError(f"context_len={context_len} exceeds the model's max_seq_len={cfg.max_seq_len}")
         self.lm = lm
         self.context_len = context_len
-        # Tables cut to the exported context: one-hot rows select from them by matmul.
-        self.register_buffer("cos_table", lm.model.rope_cos[:context_len].clone(), persistent=False)
-        self.register_buffer("sin_table", lm.model.rope_sin[:context_len].clone(), persistent=False)
+        # Tables cut to the exported context, [1, 1, S, D]: one-hot rows [1, 1, T, S] select from
+        # them by a rank-4 matmul with equal batch dims (a 4D @ 2D matmul fails to legalize).
+        self.register_buffer("cos_table", lm.model.rope_cos[:context_len].clone()[None, None], persistent=False)
+        self.register_buffer("sin_table", lm.model.rope_sin[:context_len].clone()[None, None], persistent=False)
 
     def cache_names(self) -> list[str]:
         return [n for i in range(self.lm.cfg.num_layers) for n in (f"k_cache_{i}", f"v_cache_{i}")]
@@ -530,22 +544,20 @@ class LiteRTCacheIOLM(nn.Module):
         shape = (1, cfg.num_kv_heads, self.context_len, cfg.head_dim)
         return {n: torch.zeros(shape, dtype=dtype) for n in self.cache_names()}
 
-    def forward(self, input_ids, start, caches: dict[str, torch.Tensor], length=None):
+    def forward(self, input_ids, start, length=None, **caches):
         cfg = self.lm.cfg
         t = input_ids.shape[1]
-        steps = torch.arange(t, dtype=torch.float32)
-        positions = start.reshape(1).float() + steps
-        rows = one_hot_rows(positions, self.context_len)  # [T, S]
+        positions = position_column(start, t)  # [1, 1, T, 1]
+        rows = one_hot_rows(positions, self.context_len)  # [1, 1, T, S]
         if length is not None:
             # Row validity clamp(length - t, 0, 1), again via ReLUs: 1 for real tokens, 0 for padding.
-            real = length.reshape(1).float() - steps
-            rows = rows * (F.relu(real) - F.relu(real - 1.0))[:, None]
+            real = length.reshape(1, 1, 1, 1).float() - torch.arange(t, dtype=torch.float32).reshape(1, 1, t, 1)
+            rows = rows * (F.relu(real) - F.relu(real - 1.0))
         cos, sin = rows @ self.cos_table, rows @ self.sin_table
         mask = causal_mask(positions, self.context_len)
-        # [1, n_kv, S, T] write matrix and [1, 1, S, 1] keep mask (MUL broadcasts are fine on GPU).
-        write_t = rows.t()[None, None]
-        write_t = torch.cat([write_t] * cfg.num_kv_heads, dim=1)
-        keep = 1.0 - rows.sum(0)[None, None, :, None]
+        # [1, n_kv, S, T] write matrix and [1, n_kv, S, 1] keep mask, both rank 4.
+        write_t = torch.cat([rows.transpose(2, 3)] * cfg.num_kv_heads, dim=1)
+        keep = 1.0 - write_t.sum(-1, keepdim=True)
 
         new_caches: dict[str, torch.Tensor] = {}
 
@@ -563,6 +575,59 @@ class LiteRTCacheIOLM(nn.Module):
         if length is None:
             last = h[:, -1:]
         else:
-            pick = one_hot_rows(length.reshape(1).float() - 1.0, t)[None]  # [1, 1, T]
-            last = pick @ h
+            pick = one_hot_rows(length.reshape(1, 1, 1, 1).float() - 1.0, t)  # [1, 1, 1, T]
+            last = pick.reshape(1, 1, t) @ h
         return {"logits": self.lm.lm_head(last), **new_caches}
+
+
+# --------------------------------------------------------------------------------------------
+# Export contract: what each target exports, as data (the shared pipeline can consume this)
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ExportEntry:
+    """One graph function: module, example inputs by graph input name (in call order: positional
+    for Core AI, keyword for LiteRT), output names, Core AI state names, dynamic shapes."""
+
+    name: str
+    module: nn.Module
+    inputs: dict[str, torch.Tensor]
+    output_names: list[str]
+    state_names: list[str] = dataclasses.field(default_factory=list)
+    dynamic_shapes: dict | None = None
+
+
+def _ids_and_start(t: int) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.zeros(1, t, dtype=torch.int32), "start": torch.zeros(1, dtype=torch.int32)}
+
+
+def coreai_entries(lm: GQAForCausalLM, context_len: int) -> list[ExportEntry]:
+    """`prefill` (dynamic T in 1..context_len-1) and `decode` (T=1) over ONE stateful module, so the
+    two functions mutate the same buffers and share them as states. Weights are pre-transposed.
+
+    T stops at context_len - 1: at T == context_len the cache slice write is the whole cache,
+    torch.export guards on that contiguity case and refuses the dynamic dim. A full-context prompt
+    is run as prefill(context_len - 1) + decode(1) by the session.
+    """
+    stateful = CoreAIStatefulLM(with_pretransposed_weights(lm), context_len).eval()
+    seq = torch.export.Dim("T", min=1, max=context_len - 1)
+    common = {"module": stateful, "output_names": ["logits"], "state_names": stateful.state_names()}
+    return [
+        ExportEntry("prefill", inputs=_ids_and_start(min(8, context_len - 1)),
+                    dynamic_shapes={"input_ids": {1: seq}, "start": None}, **common),
+        ExportEntry("decode", inputs=_ids_and_start(1), **common),
+    ]
+
+
+def litert_entries(lm: GQAForCausalLM, context_len: int, prefill_len: int) -> list[ExportEntry]:
+    """`prefill` (static T = prefill_len, right-padded, `length` real tokens) and `decode` (T=1),
+    caches as keyword inputs/outputs. Both signatures share the weights in one .tflite."""
+    if not 1 < prefill_len <= context_len:
+        raise ValueError(f"prefill_len={prefill_len} must be in 2..context_len={context_len}")
+    module = LiteRTCacheIOLM(lm, context_len).eval()
+    caches = module.empty_caches()
+    names = ["logits", *module.cache_names()]
+    return [
+        ExportEntry("prefill", module, {**_ids_and_start(prefill_len), "length": torch.ones(1, dtype=torch.int32),
+                                        **caches}, names),
+        ExportEntry("decode", module, {**_ids_and_start(1), **caches}, names),
+    ]
