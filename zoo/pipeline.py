@@ -167,7 +167,7 @@ def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_o
 
 
 def _stages(target, component, cfg, checkpoint, module, inputs, reference_outputs, precision, scratch, staging, log):
-    prepared = target.prepare(module, precision)
+    prepared = target.prepare(module, precision, cfg.get(target.name))
     entries = (component.entries(prepared, inputs, target.name) if component.entries
                else [Entry("main", prepared, dict(inputs), list(component.output_names))])
     if target.name == "litert":

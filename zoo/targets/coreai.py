@@ -78,9 +78,14 @@ class CoreAITarget:
     precisions = ("fp32", "fp16", "bf16", "int8")
     precision_notes: dict[str, str] = {}
 
-    def prepare(self, module, precision: Precision):
-        """fp16/bf16 compute in that dtype on Core AI (the CPU runtime does not upcast)."""
-        return cast_for_export(module, precision.dtype)
+    def prepare(self, module, precision: Precision, options: dict | None = None):
+        """fp16/bf16 compute in that dtype on Core AI (the CPU runtime does not upcast).
+
+        `options.fp32_linear_accumulation`: keep Linear weights in the reduced dtype but multiply in fp32
+        (see zoo.precision.Fp32AccumulateLinear for the measurement behind it).
+        """
+        options = options or {}
+        return cast_for_export(module, precision.dtype, bool(options.get("fp32_linear_accumulation", False)))
 
     def export(self, entries: list[Entry]):
         return [export_entry(e) for e in entries]

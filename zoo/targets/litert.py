@@ -62,7 +62,7 @@ class LiteRTTarget:
         "bf16": "LiteRT has no bf16 kernels; its GPU delegate computes in fp16 or fp32.",
     }
 
-    def prepare(self, module, precision: Precision):
+    def prepare(self, module, precision: Precision, options: dict | None = None):
         # Always convert the fp32 module: fp16/int8 are weight-storage passes after conversion
         # (converting an fp16 torch module fails on LayerNorm dtypes, models.md).
         return module
