@@ -7,7 +7,7 @@ WEIGHTS   ?=
 OUT       ?= exports
 STAMP     := .venv/.zoo-installed
 
-.PHONY: setup convert demo test test-slow bench list clean
+.PHONY: setup convert demo test test-slow bench list gpu-table clean
 
 VULKAN    := .cache/vulkan/lvp_icd.json
 
@@ -37,6 +37,10 @@ test-slow: setup
 ## measure conversion, runtime latency vs eager, and size; regenerates models/<model>/README.md "Measured"
 bench: setup
 	$(PY) -m zoo.bench model=$(MODEL)
+
+## regenerate docs/gpu-table.md: every rewrite before/after on the LiteRT GPU delegate (software Vulkan)
+gpu-table: setup
+	$(PY) scripts/gpu_table.py
 
 ## models, components, targets and default precisions
 list: setup
