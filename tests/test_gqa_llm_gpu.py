@@ -47,19 +47,40 @@ def realistic_inputs(path) -> dict:
     }
 
 
-def test_tiny_tflite_runs_gpu_only_and_exact_in_fp32(gpu, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    return GQAForCausalLM.from_pretrained(W.make_tiny_checkpoint(tmp_path_factory.mktemp("gpu") / "tiny"))
+
+
+def gpu_check_tiny(lm, tmp_path, scaled_norms: bool):
     from zoo.targets.litert_gpu import gpu_check
 
     from models.gqa_llm import export_litert
 
-    lm = GQAForCausalLM.from_pretrained(W.make_tiny_checkpoint(tmp_path / "tiny"))
-    path = export_litert.save(export_litert.convert(lm, CONTEXT, PREFILL), tmp_path / "tiny.tflite")
-    check = gpu_check(path, realistic_inputs(path), timeout_s=400)
+    edge = export_litert.convert(lm, CONTEXT, PREFILL, scaled_norms=scaled_norms)
+    path = export_litert.save(edge, tmp_path / "tiny.tflite")
+    return gpu_check(path, realistic_inputs(path), timeout_s=400)
+
+
+def test_tiny_tflite_runs_gpu_only_exact_in_fp32_close_in_fp16(gpu, tiny_lm, tmp_path):
+    check = gpu_check_tiny(tiny_lm, tmp_path, scaled_norms=True)
     assert check.status == "accepted" and not check.rejected_ops, check.to_dict()
     assert set(check.outputs) == {"prefill", "decode"}
-    # Every output of both signatures, enforced fp32 on the GPU vs the CPU interpreter. (fp16 is not
-    # gated here: the tiny model's wide random init overflows fp16 by construction.)
+    # Every output of both signatures, enforced fp32 on the GPU vs the CPU interpreter.
     assert check.passes(FP32_REL_TOL), {s: {n: e.fp32_rel_err for n, e in o.items()} for s, o in check.outputs.items()}
+    # The delegate's default fp16 compute: close, thanks to ScaledRMSNorm (measured 0.99998).
+    for signature, outputs in check.outputs.items():
+        assert outputs["logits"].fp16_cosine >= 0.999, (signature, outputs["logits"])
+
+
+def test_plain_rmsnorm_breaks_fp16_on_gpu(gpu, tiny_lm, tmp_path):
+    """Negative control for ScaledRMSNorm: the plain norm's x^2 overflows fp16 on the delegate.
+    fp32 stays exact, so only an fp16 check can see it."""
+    check = gpu_check_tiny(tiny_lm, tmp_path, scaled_norms=False)
+    assert check.status == "accepted", check.to_dict()
+    assert check.passes(FP32_REL_TOL)
+    cosines = [o["logits"].fp16_cosine for o in check.outputs.values()]
+    assert any(c is None or not np.isfinite(c) or c < 0.9 for c in cosines), cosines
 
 
 def test_rank1_runtime_broadcast_is_still_miscomputed(gpu, tmp_path):

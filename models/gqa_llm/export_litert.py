@@ -30,13 +30,14 @@ import torch
 from .generation import check_fits
 from .model import GQAForCausalLM, litert_entries
 
-def convert(lm: GQAForCausalLM, context_len: int, prefill_len: int):
-    """-> litert_torch edge model with `prefill` (T=prefill_len, padded + length) and `decode` (T=1)."""
+def convert(lm: GQAForCausalLM, context_len: int, prefill_len: int, scaled_norms: bool = True):
+    """-> litert_torch edge model with `prefill` (T=prefill_len, padded + length) and `decode` (T=1).
+    scaled_norms: fp16-safe RMSNorm for the GPU delegate (see model.litert_entries)."""
     import litert_torch
 
     converter = litert_torch
     with torch.no_grad():
-        for entry in litert_entries(lm, context_len, prefill_len):
+        for entry in litert_entries(lm, context_len, prefill_len, scaled_norms):
             converter = converter.signature(entry.name, entry.module, sample_kwargs=entry.inputs)
         return converter.convert()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import tempfile
 import time
@@ -48,8 +49,9 @@ def latency(fn, repeats: int) -> dict:
 
 
 def run(target: str, weights: str, context_len: int, prefill_len: int, new_tokens: int, out_dir: Path,
-        cache: Path, prompts: tuple[str, ...]) -> dict:
-    report: dict = {"target": target, "weights": weights, "context_len": context_len, "threads": torch.get_num_threads()}
+        cache: Path, prompts: tuple[str, ...], threads: int | None = None) -> dict:
+    report: dict = {"target": target, "weights": weights, "context_len": context_len,
+                    "torch_threads": torch.get_num_threads(), "load_avg_at_start": os.getloadavg()[0]}
     t0 = time.perf_counter()
     folder = checkpoint(weights, cache)
     lm = GQAForCausalLM.from_pretrained(folder)
@@ -79,7 +81,7 @@ def run(target: str, weights: str, context_len: int, prefill_len: int, new_token
         t0 = time.perf_counter()
         path = ex.save(edge, out_dir / f"gqa-llm-{weights}.tflite")
         del edge
-        session_cls = ex.LiteRTSession
+        session_cls = lambda p: ex.LiteRTSession(p, num_threads=threads)  # noqa: E731
         size = path.stat().st_size
         op_report = ex.op_report(path)
         report["ops"] = op_report["ops"]
@@ -111,6 +113,7 @@ def run(target: str, weights: str, context_len: int, prefill_len: int, new_token
                 report[f"prefill_latency_{n}_tokens"] = latency(lambda: session.step(list(range(n)), 0), 3)
         report["decode_latency"] = latency(lambda: session.step([ids[-1]], len(ids)), 20)
     report["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    report["load_avg_at_end"] = os.getloadavg()[0]
     report["path"] = str(path)
     return report
 
@@ -125,10 +128,15 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch and LiteRT threads (default: torch's). Use 1 on a shared machine: with "
+                             "2 OpenMP threads and another busy process on 2 cores, small matmuls ran ~30x slower")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     out_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="gqa-llm-"))
     report = run(args.target, args.weights, args.context_len, args.prefill_len, args.new_tokens, out_dir,
-                 args.cache, gen.DEFAULT_PROMPTS)
+                 args.cache, gen.DEFAULT_PROMPTS, args.threads)
     text = json.dumps(report, indent=2)
     if args.json:
         args.json.write_text(text + "\n")

@@ -443,6 +443,41 @@ def with_pretransposed_weights(lm: GQAForCausalLM) -> GQAForCausalLM:
     return out
 
 
+class ScaledRMSNorm(RMSNorm):
+    """RMSNorm that cannot overflow in fp16: normalise x / max|x| instead of x.
+
+    x / sqrt(mean(x^2) + eps) == y / sqrt(mean(y^2) + eps / s^2) with y = x / s, s = max|x| >= 1,
+    so the result is the same function, but no intermediate exceeds 1 in magnitude. SmolLM2's
+    residual stream reaches |x| ~ 22,500 (mean(x^2) ~ 9e5, far past fp16's 65,504), so the plain
+    form returns inf/NaN wherever a GPU delegate computes in fp16 (toolchain.md §4). The
+    denominator is clamped at 2^-24 so eps / s^2 underflowing to 0 cannot divide by zero.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        scale = x.abs().amax(-1, keepdim=True).clamp(min=1.0)
+        y = x / scale
+        mean_square = (y * y).mean(-1, keepdim=True)
+        inv = torch.rsqrt(torch.clamp(mean_square + self.eps / (scale * scale), min=2.0**-24))
+        return self.weight * (y * inv).to(dtype)
+
+
+def with_scaled_norms(lm: GQAForCausalLM) -> GQAForCausalLM:
+    """A copy of `lm` (weights shared, not copied) whose RMSNorms are ScaledRMSNorm."""
+    import copy
+
+    memo = {id(t): t for t in list(lm.parameters()) + list(lm.buffers())}
+    out = copy.deepcopy(lm, memo)
+    for parent in list(out.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is RMSNorm:
+                safe = ScaledRMSNorm(child.weight.shape[0], child.eps)
+                safe.weight = child.weight
+                setattr(parent, name, safe)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Export form 1: Core AI, caches as module state
 # --------------------------------------------------------------------------------------------
@@ -618,12 +653,18 @@ def coreai_entries(lm: GQAForCausalLM, context_len: int) -> list[ExportEntry]:
     ]
 
 
-def litert_entries(lm: GQAForCausalLM, context_len: int, prefill_len: int) -> list[ExportEntry]:
+def litert_entries(lm: GQAForCausalLM, context_len: int, prefill_len: int,
+                   scaled_norms: bool = True) -> list[ExportEntry]:
     """`prefill` (static T = prefill_len, right-padded, `length` real tokens) and `decode` (T=1),
-    caches as keyword inputs/outputs. Both signatures share the weights in one .tflite."""
+    caches as keyword inputs/outputs. Both signatures share the weights in one .tflite.
+
+    scaled_norms: use ScaledRMSNorm. The .tflite is fp32, but the GPU delegate computes in fp16 by
+    default, where SmolLM2's plain RMSNorm overflows from layer 3 on (logits cosine 0 on the
+    delegate); scaled, fp16 logits cosine is 0.9999 and the CPU fp32 path stays token-exact.
+    """
     if not 1 < prefill_len <= context_len:
         raise ValueError(f"prefill_len={prefill_len} must be in 2..context_len={context_len}")
-    module = LiteRTCacheIOLM(lm, context_len).eval()
+    module = LiteRTCacheIOLM(with_scaled_norms(lm) if scaled_norms else lm, context_len).eval()
     caches = module.empty_caches()
     names = ["logits", *module.cache_names()]
     return [
