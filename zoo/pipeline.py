@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from zoo import gates, weights
-from zoo.bundle import MANIFEST, REPORT, BundleWriter, file_hashes, folder_bytes, write_json
+from zoo.bundle import MANIFEST, REPORT, BundleWriter, ensure_writable, file_hashes, folder_bytes, write_json
 from zoo.errors import ZooError
 from zoo.precision import Precision, resolve_precision
 from zoo.registry import Component, ModelSpec, get_spec
@@ -103,6 +103,7 @@ def convert_model(cfg, targets: list[str], precision: str = "default", force_pre
     """Every component of one model through every requested target. Returns one result per bundle."""
     spec = get_spec(cfg)
     precisions = resolve_all_precisions(cfg, targets, precision, force_precision)
+    ensure_writable(Path(out_dir))
     shared = StageLog(on_finish=console.stage if console else None)
     with shared.stage("resolve_weights") as record:
         checkpoint = weights.resolve(cfg, weights_spec or cfg.weights, spec.tiny_dir, spec.random_checkpoint)
