@@ -20,13 +20,13 @@ from models.gqa_llm import weights as W
 from models.gqa_llm.model import (
     TINY,
     CoreAIStatefulLM,
-    GQAConfig,
     GQAForCausalLM,
     LiteRTCacheIOLM,
     UnsupportedConfig,
     from_hf_config,
     rope_tables,
     with_pretransposed_weights,
+    with_scaled_norms,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +165,16 @@ def test_qwen_variants_match_transformers(model_type):
     ours.load_hf_state_dict(ref.state_dict())
     ids = torch.randint(0, 64, (1, 20))
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids), ref(ids).logits, atol=1e-5, rtol=1e-5)
+        expected = ref(ids).logits
+        torch.testing.assert_close(ours(ids), expected, atol=1e-5, rtol=1e-5)
+        # Both export forms (with their weight/norm rewrites) on the biases and q/k norms too.
+        stateful = CoreAIStatefulLM(with_pretransposed_weights(ours), 32)
+        last = stateful(ids.int(), torch.tensor([0], dtype=torch.int32))
+        torch.testing.assert_close(last[0, -1], expected[0, -1], atol=1e-5, rtol=1e-5)
+        io = LiteRTCacheIOLM(with_scaled_norms(ours), 32)
+        out = io(ids.int(), torch.tensor([0], dtype=torch.int32), torch.tensor([20], dtype=torch.int32),
+                 **io.empty_caches())
+        torch.testing.assert_close(out["logits"][0, -1], expected[0, -1], atol=1e-5, rtol=1e-5)
 
 
 def test_export_forms_match_eagerly(tiny_lm, tiny_prompt, tiny_reference_stream):
