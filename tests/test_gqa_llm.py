@@ -281,7 +281,7 @@ def test_coreai_tiny_token_exact(tiny_aimodel, tiny_prompt, tiny_reference_strea
     from models.gqa_llm.export_coreai import CoreAISession
 
     with CoreAISession(tiny_aimodel) as session:
-        assert session.model.function_names == ["prefill", "decode"]
+        assert session.runner.function_names == ["prefill", "decode"]
         assert session.context_len == TINY_CONTEXT
         cand = gen.greedy(session.step, tiny_prompt, TINY_NEW_TOKENS)
         again = gen.greedy(session.step, tiny_prompt, TINY_NEW_TOKENS)  # start=0 begins afresh
@@ -312,8 +312,8 @@ def test_coreai_context_limits(tiny_aimodel):
 def tiny_tflite(tiny_lm, tmp_path_factory) -> Path:
     from models.gqa_llm import export_litert
 
-    edge = export_litert.convert(tiny_lm, TINY_CONTEXT, TINY_PREFILL)
-    return export_litert.save(edge, tmp_path_factory.mktemp("litert") / "gqa-llm-tiny.tflite")
+    return export_litert.convert(tiny_lm, TINY_CONTEXT, TINY_PREFILL,
+                                 out_path=tmp_path_factory.mktemp("litert") / "gqa-llm-tiny.tflite")
 
 
 def test_litert_tiny_token_exact(tiny_tflite, tiny_prompt, tiny_reference_stream):
@@ -433,8 +433,8 @@ def test_smollm2_coreai_fp32_token_exact(smollm2, tmp_path):
 def smollm2_tflite(smollm2, tmp_path_factory) -> Path:
     from models.gqa_llm import export_litert
 
-    edge = export_litert.convert(smollm2[0], REAL_CONTEXT, REAL_PREFILL)
-    return export_litert.save(edge, tmp_path_factory.mktemp("smollm2") / "smollm2.tflite")
+    return export_litert.convert(smollm2[0], REAL_CONTEXT, REAL_PREFILL,
+                                 out_path=tmp_path_factory.mktemp("smollm2") / "smollm2.tflite")
 
 
 @pytest.mark.real_weights

@@ -57,8 +57,7 @@ def gpu_check_tiny(lm, tmp_path, scaled_norms: bool):
 
     from models.gqa_llm import export_litert
 
-    edge = export_litert.convert(lm, CONTEXT, PREFILL, scaled_norms=scaled_norms)
-    path = export_litert.save(edge, tmp_path / "tiny.tflite")
+    path = export_litert.convert(lm, CONTEXT, PREFILL, scaled_norms=scaled_norms, out_path=tmp_path / "tiny.tflite")
     return gpu_check(path, realistic_inputs(path), timeout_s=400)
 
 

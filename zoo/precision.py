@@ -104,9 +104,11 @@ class IOCast(nn.Module):
             accumulate_linears_in_fp32(self.module)
         self.dtype = dtype
 
-    def forward(self, *args):
-        args = [a.to(self.dtype) if torch.is_floating_point(a) else a for a in args]
-        out = self.module(*args)
+    def forward(self, *args, **kwargs):
+        def cast(a):
+            return a.to(self.dtype) if torch.is_floating_point(a) else a
+
+        out = self.module(*map(cast, args), **{k: cast(v) for k, v in kwargs.items()})
         if isinstance(out, tuple):
             return tuple(o.float() for o in out)
         return out.float()

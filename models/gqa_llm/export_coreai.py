@@ -16,12 +16,9 @@ wasted compute; logits are the last position's only.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -29,12 +26,11 @@ import numpy as np
 import torch
 
 from .generation import check_fits
-from .model import ExportEntry, GQAForCausalLM, coreai_entries
+from .model import GQAForCausalLM, coreai_entries
 
 
 def _coreai():
     # Import order matters: coreai_torch must come before coreai's compiler dialects.
-    warnings.filterwarnings("ignore", message=".*validated with torch.*")
     import coreai_torch  # noqa: F401
     import coreai.runtime  # noqa: F401
 
@@ -46,32 +42,18 @@ def max_prefill(context_len: int) -> int:
     return context_len - 1
 
 
-def export_entry(entry: ExportEntry) -> torch.export.ExportedProgram:
-    """torch.export (non-strict) + coreai-torch decompositions for one function."""
-    coreai_torch = _coreai()
-    entry.module.reset()  # export traces with whatever the buffers hold; keep it deterministic
-    with torch.no_grad():
-        ep = torch.export.export(entry.module.eval(), tuple(entry.inputs.values()),
-                                 dynamic_shapes=entry.dynamic_shapes, strict=False)
-    return ep.run_decompositions(coreai_torch.get_decomp_table())
-
-
 def convert(lm: GQAForCausalLM, context_len: int, timings: dict | None = None):
-    """-> coreai AIProgram with `prefill` and `decode` sharing the cache states.
-    `timings`, if given, receives seconds per stage (export+decompose, to_coreai)."""
-    coreai_torch = _coreai()
+    """-> coreai AIProgram with `prefill` and `decode` sharing the cache states, through the shared
+    Core AI target code. `timings`, if given, receives seconds per stage (export, to_coreai)."""
+    from zoo.targets.coreai import convert_programs, export_entry
+
     timings = {} if timings is None else timings
     t0 = time.perf_counter()
     entries = coreai_entries(lm, context_len)
     programs = [export_entry(e) for e in entries]
     timings["export_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
-    converter = coreai_torch.TorchConverter()
-    for entry, ep in zip(entries, programs):
-        converter.add_exported_program(exported_program=ep, input_names=list(entry.inputs),
-                                       output_names=entry.output_names, state_names=entry.state_names,
-                                       entrypoint_name=entry.name)
-    program = converter.to_coreai()
+    program = convert_programs(entries, programs)
     timings["to_coreai_s"] = round(time.perf_counter() - t0, 2)
     return program
 
@@ -99,57 +81,42 @@ def save(program, path: str | Path, metadata: dict | None = None) -> Path:
 
 
 class CoreAISession:
-    """A loaded bundle plus its cache states, driven synchronously.
+    """A loaded bundle plus its cache states, driven synchronously (a `generation.StepFn`).
 
-    The AIModel is held open (executable() context) for the session's whole life: a function whose
-    model was garbage-collected silently returns garbage. Caches are NDArrays the runtime updates in
-    place; they persist between calls, and start=0 simply overwrites from position 0 (stale entries
-    beyond the current position are masked out).
+    Runs on the shared `zoo.targets.coreai.CoreAIRunner`, which keeps the AIModel alive for the
+    session's whole life. Pass a path (the session opens and closes its own runner) or an open runner
+    (the caller owns it). Caches are NDArrays the runtime updates in place; they persist between calls,
+    and start=0 simply overwrites from position 0 (stale entries beyond the current position are masked).
     """
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path_or_runner):
+        self._owns_runner = isinstance(path_or_runner, (str, Path))
+        self._source = path_or_runner
 
     def __enter__(self) -> "CoreAISession":
-        _coreai()
-        from coreai.authoring import AIModelAsset
+        from zoo.targets.coreai import CoreAIRunner
 
-        self._loop = asyncio.new_event_loop()
-        self._stack = contextlib.AsyncExitStack()
-        self.asset = AIModelAsset.load(self.path)
-        self.model = self._loop.run_until_complete(self._stack.enter_async_context(self.asset.executable()))
-        self.functions = {name: self.model.load_function(name) for name in ("prefill", "decode")}
+        self.runner = CoreAIRunner(Path(self._source)) if self._owns_runner else self._source
         self._init_states()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.functions = {}
-        self._loop.run_until_complete(self._stack.aclose())
-        self._loop.close()
+        if self._owns_runner:
+            self.runner.close()
 
     def _init_states(self) -> None:
-        """(Re)allocate zeroed caches."""
-        import coreai.runtime as rt
-
-        # Allocate the caches from the bundle's own state descriptors (shape, dtype), so the
-        # session needs no side channel to know the exported context length.
-        desc = self.functions["decode"].desc
-        if not desc.state_names:
-            raise RuntimeError(f"{self.path}: the decode function declares no cache states:\n{desc}")
-        self.states = {}
-        for name in desc.state_names:
-            d = desc.state_descriptor(name)
-            self.states[name] = rt.NDArray(np.zeros(tuple(d.shape), dtype=np.dtype(d.dtype)))
-        self.context_len = int(desc.state_descriptor(desc.state_names[0]).shape[2])
+        """(Re)allocate zeroed caches, sized from the bundle's own state descriptors (so the session
+        needs no side channel to know the exported context length)."""
+        specs = self.runner.state_specs("decode")
+        if not specs:
+            raise RuntimeError("the bundle's decode function declares no cache states")
+        self.states = {n: self.runner.new_state(np.zeros(shape, dtype)) for n, (shape, dtype) in specs.items()}
+        self.context_len = int(next(iter(specs.values()))[0][2])
 
     def call(self, function: str, input_ids: Sequence[int], start: int) -> np.ndarray:
         """Raw call: logits [V] of the last position; caches updated in place."""
-        import coreai.runtime as rt
-
-        inputs = {"input_ids": rt.NDArray(np.asarray([input_ids], dtype=np.int32)),
-                  "start": rt.NDArray(np.asarray([start], dtype=np.int32))}
-        out = self._loop.run_until_complete(self.functions[function](inputs, self.states))
-        return out["logits"].numpy().reshape(-1)
+        inputs = {"input_ids": np.asarray([input_ids], dtype=np.int32), "start": np.asarray([start], dtype=np.int32)}
+        return self.runner.run(function, inputs, self.states)["logits"].reshape(-1)
 
     def step(self, token_ids: Sequence[int], start: int) -> np.ndarray:
         """generation.StepFn: prefill for several tokens, decode for one. Refuses anything past the

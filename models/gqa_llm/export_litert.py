@@ -2,8 +2,7 @@
 weights; the K/V caches travel as explicit inputs and outputs (the GPU-clean recipe of
 notes/toolchain.md §3.2).
 
-    model = convert(lm, context_len=512, prefill_len=64)
-    path = save(model, Path("out/gqa-llm.tflite"))
+    path = convert(lm, context_len=512, prefill_len=64, out_path="out/gqa-llm.tflite")
     with LiteRTSession(path) as session:
         stream = greedy(session.step, prompt_ids)
 
@@ -30,26 +29,16 @@ import torch
 from .generation import check_fits
 from .model import GQAForCausalLM, litert_entries
 
-def convert(lm: GQAForCausalLM, context_len: int, prefill_len: int, scaled_norms: bool = True):
-    """-> litert_torch edge model with `prefill` (T=prefill_len, padded + length) and `decode` (T=1).
-    scaled_norms: fp16-safe RMSNorm for the GPU delegate (see model.litert_entries)."""
-    import litert_torch
+def convert(lm: GQAForCausalLM, context_len: int, prefill_len: int, scaled_norms: bool = True,
+            out_path: str | Path = "gqa-llm.tflite") -> Path:
+    """-> .tflite with `prefill` (T=prefill_len, padded + length) and `decode` (T=1), through the
+    shared LiteRT target code. scaled_norms: fp16-safe RMSNorm for the GPU delegate
+    (see model.litert_entries)."""
+    from zoo.targets.litert import convert_entries
 
-    converter = litert_torch
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
-        for entry in litert_entries(lm, context_len, prefill_len, scaled_norms):
-            converter = converter.signature(entry.name, entry.module, sample_kwargs=entry.inputs)
-        return converter.convert()
-
-
-def save(edge_model, path: str | Path) -> Path:
-    """Atomic save: export to a temporary sibling, then rename over the target."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    edge_model.export(str(tmp))
-    os.replace(tmp, path)
-    return path
+        return convert_entries(litert_entries(lm, context_len, prefill_len, scaled_norms), Path(out_path))
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,19 +100,19 @@ def gpu_clean_findings(report: dict) -> list[str]:
 # Runtime
 # --------------------------------------------------------------------------------------------
 class LiteRTSession:
-    """CPU Interpreter with host-held caches; `step` is a generation.StepFn."""
+    """Host-held caches over the shared `zoo.targets.litert.LiteRTRunner`; `step` is a
+    generation.StepFn. Pass a path (the session opens its own runner) or an open runner."""
 
-    def __init__(self, path: str | Path, num_threads: int | None = None):
-        self.path = Path(path)
+    def __init__(self, path_or_runner, num_threads: int | None = None):
+        self._owns_runner = isinstance(path_or_runner, (str, Path))
+        self._source = path_or_runner
         self.num_threads = num_threads
 
     def __enter__(self) -> "LiteRTSession":
-        from ai_edge_litert.interpreter import Interpreter
+        from zoo.targets.litert import LiteRTRunner
 
-        kwargs = {} if self.num_threads is None else {"num_threads": self.num_threads}
-        self.interpreter = Interpreter(model_path=str(self.path), **kwargs)
-        self.runners = {n: self.interpreter.get_signature_runner(n) for n in ("prefill", "decode")}
-        inputs = self.runners["prefill"].get_input_details()
+        self.runner = LiteRTRunner(Path(self._source), self.num_threads) if self._owns_runner else self._source
+        inputs = self.runner.input_details("prefill")
         self.prefill_len = int(inputs["input_ids"]["shape"][1])
         self.cache_names = sorted(n for n in inputs if n.startswith(("k_cache_", "v_cache_")))
         self.cache_shape = tuple(int(x) for x in inputs[self.cache_names[0]]["shape"])
@@ -132,13 +121,14 @@ class LiteRTSession:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.runners, self.interpreter = {}, None
+        if self._owns_runner:
+            self.runner.close()
 
     def reset(self) -> None:
         self.caches = {n: np.zeros(self.cache_shape, dtype=np.float32) for n in self.cache_names}
 
     def _run(self, signature: str, **inputs) -> np.ndarray:
-        out = self.runners[signature](**self.caches, **inputs)
+        out = self.runner.run(signature, {**self.caches, **inputs})
         self.caches = {n: out[n] for n in self.cache_names}
         return out["logits"].reshape(-1)
 

@@ -76,11 +76,9 @@ def run(target: str, weights: str, context_len: int, prefill_len: int, new_token
         from . import export_litert as ex
 
         report["prefill_len"] = prefill_len
-        edge = ex.convert(lm, context_len, prefill_len)
+        path = ex.convert(lm, context_len, prefill_len, out_path=out_dir / f"gqa-llm-{weights}.tflite")
         report["convert_s"] = round(time.perf_counter() - t0, 2)
         t0 = time.perf_counter()
-        path = ex.save(edge, out_dir / f"gqa-llm-{weights}.tflite")
-        del edge
         session_cls = lambda p: ex.LiteRTSession(p, num_threads=threads)  # noqa: E731
         size = path.stat().st_size
         op_report = ex.op_report(path)

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.targets import Entry
+
 # Additive mask value. Finite and inside fp16 range on purpose: with -inf or finfo.min, an fp16
 # GPU kernel computing `0 * mask_value` gets NaN. exp(-30000 - max) is exactly 0 in fp32 and fp16.
 MASK_VALUE = -30000.0
@@ -618,24 +620,13 @@ class LiteRTCacheIOLM(nn.Module):
 # --------------------------------------------------------------------------------------------
 # Export contract: what each target exports, as data (the shared pipeline can consume this)
 # --------------------------------------------------------------------------------------------
-@dataclass
-class ExportEntry:
-    """One graph function: module, example inputs by graph input name (in call order: positional
-    for Core AI, keyword for LiteRT), output names, Core AI state names, dynamic shapes."""
-
-    name: str
-    module: nn.Module
-    inputs: dict[str, torch.Tensor]
-    output_names: list[str]
-    state_names: list[str] = dataclasses.field(default_factory=list)
-    dynamic_shapes: dict | None = None
 
 
 def _ids_and_start(t: int) -> dict[str, torch.Tensor]:
     return {"input_ids": torch.zeros(1, t, dtype=torch.int32), "start": torch.zeros(1, dtype=torch.int32)}
 
 
-def coreai_entries(lm: GQAForCausalLM, context_len: int) -> list[ExportEntry]:
+def coreai_entries(lm: GQAForCausalLM, context_len: int) -> list[Entry]:
     """`prefill` (dynamic T in 1..context_len-1) and `decode` (T=1) over ONE stateful module, so the
     two functions mutate the same buffers and share them as states. Weights are pre-transposed.
 
@@ -647,14 +638,14 @@ def coreai_entries(lm: GQAForCausalLM, context_len: int) -> list[ExportEntry]:
     seq = torch.export.Dim("T", min=1, max=context_len - 1)
     common = {"module": stateful, "output_names": ["logits"], "state_names": stateful.state_names()}
     return [
-        ExportEntry("prefill", inputs=_ids_and_start(min(8, context_len - 1)),
+        Entry("prefill", inputs=_ids_and_start(min(8, context_len - 1)),
                     dynamic_shapes={"input_ids": {1: seq}, "start": None}, **common),
-        ExportEntry("decode", inputs=_ids_and_start(1), **common),
+        Entry("decode", inputs=_ids_and_start(1), **common),
     ]
 
 
 def litert_entries(lm: GQAForCausalLM, context_len: int, prefill_len: int,
-                   scaled_norms: bool = True) -> list[ExportEntry]:
+                   scaled_norms: bool = True) -> list[Entry]:
     """`prefill` (static T = prefill_len, right-padded, `length` real tokens) and `decode` (T=1),
     caches as keyword inputs/outputs. Both signatures share the weights in one .tflite.
 
@@ -668,7 +659,7 @@ def litert_entries(lm: GQAForCausalLM, context_len: int, prefill_len: int,
     caches = module.empty_caches()
     names = ["logits", *module.cache_names()]
     return [
-        ExportEntry("prefill", module, {**_ids_and_start(prefill_len), "length": torch.ones(1, dtype=torch.int32),
+        Entry("prefill", module, {**_ids_and_start(prefill_len), "length": torch.ones(1, dtype=torch.int32),
                                         **caches}, names),
-        ExportEntry("decode", module, {**_ids_and_start(1), **caches}, names),
+        Entry("decode", module, {**_ids_and_start(1), **caches}, names),
     ]

@@ -24,6 +24,7 @@ class Entry:
     inputs: dict[str, torch.Tensor]
     output_names: list[str]
     state_names: list[str] = field(default_factory=list)  # Core AI states (mutated buffers)
+    dynamic_shapes: dict | None = None  # torch.export dynamic dims by input name (Core AI)
 
 
 class NamedIO(nn.Module):
@@ -40,7 +41,9 @@ class NamedIO(nn.Module):
         self.output_names = list(output_names)
 
     def forward(self, **inputs):
-        outputs = self.module(*(inputs[n] for n in self.input_names))
+        outputs = self.module(**{n: inputs[n] for n in self.input_names})
+        if isinstance(outputs, dict):  # already named (e.g. an LLM returning logits + caches)
+            return {n: outputs[n] for n in self.output_names}
         if not isinstance(outputs, (tuple, list)):
             outputs = (outputs,)
         return dict(zip(self.output_names, outputs))

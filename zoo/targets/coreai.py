@@ -34,8 +34,11 @@ def _coreai_torch():
 
 def export_entry(entry: Entry):
     coreai_torch = _coreai_torch()
-    args = tuple(entry.inputs.values())
-    ep = torch.export.export(entry.module.eval(), args, strict=False)
+    if hasattr(entry.module, "reset"):  # stateful modules: trace with deterministic (zeroed) buffers
+        entry.module.reset()
+    with torch.no_grad():
+        ep = torch.export.export(entry.module.eval(), tuple(entry.inputs.values()),
+                                 dynamic_shapes=entry.dynamic_shapes, strict=False)
     return ep.run_decompositions(coreai_torch.get_decomp_table())
 
 
@@ -140,6 +143,12 @@ class CoreAIRunner:
         self._model = self._loop.run_until_complete(self._stack.enter_async_context(asset.executable()))
         self.function_names = list(self._model.function_names)
         self._functions = {name: self._model.load_function(name) for name in self.function_names}
+
+    def state_specs(self, function: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Shape and dtype of each state a function declares, read from the bundle itself."""
+        desc = self._functions[function].desc
+        return {n: (tuple(desc.state_descriptor(n).shape), np.dtype(desc.state_descriptor(n).dtype))
+                for n in desc.state_names}
 
     def new_state(self, array: np.ndarray):
         """A state buffer (e.g. a KV cache) the runtime updates in place across calls."""
