@@ -64,6 +64,13 @@ METRICS: dict[str, Metric] = {
         # Judged by the LiteRT GPU check (zoo/targets/litert_gpu.py), not computed from two arrays here:
         Metric("gpu_resident", None, True, "1 if the GPU delegate took every op GPU-only, 0 if not (NaN: not run)"),
         Metric("gpu_fp32_rel_err", None, False, "GPU (enforced fp32) vs CPU interpreter: max-abs / max |CPU|"),
+        # Judged by greedy generation on the artifact (models/gqa_llm/generation.py):
+        Metric("token_exact", None, True, "1 if the greedy tokens equal the reference's, or first differ at a "
+                                          "knife-edge tie (reference top-2 margin < 0.1); else 0"),
+        Metric("token_agreement", None, True, "fraction of generated tokens equal to the reference before the "
+                                              "first divergence"),
+        Metric("min_logits_cosine", None, True, "lowest per-step logits cosine vs the reference while both "
+                                                "streams share the same context"),
     )
 }
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from zoo.errors import ZooError
 
-WEIGHT_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json"]
+WEIGHT_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json",
+                   # tokenizers travel with the weights (LLM bundles ship them)
+                   "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
 LEGACY_WEIGHT_PATTERNS = ["config.json", "pytorch_model*.bin", "pytorch_model.bin.index.json"]
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 

@@ -57,6 +57,7 @@ class VerifyContext:
     """What a gate needs: the saved artifact's runner and the reference's answers on the same inputs."""
 
     runner: object
+    target: str
     inputs: dict[str, np.ndarray]
     reference_outputs: dict[str, np.ndarray]
     thresholds: dict[str, float]
@@ -106,7 +107,8 @@ def convert_model(cfg, targets: list[str], precision: str = "default", force_pre
     ensure_writable(Path(out_dir))
     shared = StageLog(on_finish=console.stage if console else None)
     with shared.stage("resolve_weights") as record:
-        checkpoint = weights.resolve(cfg, weights_spec or cfg.weights, spec.tiny_dir, spec.random_checkpoint)
+        checkpoint = weights.resolve(cfg, weights_spec or cfg.weights, spec.tiny_dir, spec.random_checkpoint,
+                                     embedded=spec.meta.get("embedded"))
         record.note = f"source={checkpoint.source}"
     results = []
     for component in spec.components:
@@ -169,7 +171,7 @@ def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_o
 
 def _stages(target, component, cfg, checkpoint, module, inputs, reference_outputs, precision, scratch, staging, log):
     prepared = target.prepare(module, precision, cfg.get(target.name))
-    entries = (component.entries(prepared, inputs, target.name) if component.entries
+    entries = (component.entries(prepared, inputs, target.name, cfg) if component.entries
                else [Entry("main", prepared, dict(inputs), list(component.output_names))])
     if target.name == "litert":
         log.skip("export", "litert_torch.convert runs torch.export itself; its time is counted under convert")
@@ -191,7 +193,7 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
     with log.stage("verify") as record:
         runner = target.open(path)
         try:
-            ctx = VerifyContext(runner, to_numpy(inputs), reference_outputs, _thresholds(cfg, precision),
+            ctx = VerifyContext(runner, target.name, to_numpy(inputs), reference_outputs, _thresholds(cfg, precision),
                                 checkpoint, cfg, staging)
             verify = component.verify or default_verify
             gate_results, details = verify(ctx)

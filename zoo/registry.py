@@ -28,9 +28,9 @@ class Component:
     reference(checkpoint, cfg)      -> upstream implementation on the same weights, returning a tuple
                                        of outputs in `output_names` order
     example_inputs(checkpoint, cfg) -> {graph input name: tensor}, in positional order, at export shape
-    entries(module, inputs, target) -> optional: several graph functions (prefill/decode); default one
-                                       `main` function
-    verify(runner, checkpoint, cfg, module) -> optional custom gate (e.g. token-exact generation)
+    entries(module, inputs, target, cfg) -> optional: several graph functions (prefill/decode);
+                                       default one `main` function
+    verify(ctx: pipeline.VerifyContext) -> optional custom gate (e.g. token-exact generation)
     """
 
     name: str

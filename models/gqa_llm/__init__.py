@@ -2,4 +2,6 @@
 
 from .model import SMOLLM2_135M, TINY, GQAConfig, GQAForCausalLM, from_hf_config
 
-__all__ = ["GQAConfig", "GQAForCausalLM", "SMOLLM2_135M", "TINY", "from_hf_config"]
+from .spec import SPEC
+
+__all__ = ["GQAConfig", "GQAForCausalLM", "SMOLLM2_135M", "TINY", "SPEC", "from_hf_config"]
