@@ -188,6 +188,7 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
     with log.stage("save"):
         path = target.save(artifact, staging, {"author": "zoo", "description": f"{cfg.name} {component.name}"})
     entry_inputs = {e.name: to_numpy(e.inputs) for e in entries}
+    function_names = list(entry_inputs)
     del artifact, prepared, entries
     gc.collect()
     with log.stage("verify") as record:
@@ -201,6 +202,7 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
             runner.close()
         record.note = "; ".join(g.describe() for g in gate_results)
     details.setdefault("inputs", io_contract(to_numpy(inputs)))
+    details["functions"] = function_names
     if target.name == "litert":
         gate_results += _gpu_stage(path, entry_inputs, cfg, precision, details, log)
     return gate_results, details

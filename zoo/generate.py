@@ -1,0 +1,118 @@
+"""`python -m zoo.generate gqa-llm --bundle PATH --prompt "..."`: stream text from a converted bundle.
+
+Runs the bundle itself (Core AI CPU runtime or LiteRT CPU interpreter, whichever it holds) with greedy
+decoding and the tokenizer shipped inside the bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import zoo.quiet  # noqa: F401
+from zoo.errors import ZooError
+
+GENERATIVE = {"gqa-llm"}
+
+
+def bundle_target(bundle: Path) -> str:
+    if (bundle / "model.aimodel").is_dir():
+        return "coreai"
+    if (bundle / "model.tflite").is_file():
+        return "litert"
+    raise ZooError(f"{bundle} holds no model.aimodel or model.tflite.",
+                   "pass the bundle folder made by `make convert MODEL=gqa-llm` (e.g. exports/gqa-llm/coreai-fp32).")
+
+
+def read_manifest(bundle: Path, model: str) -> dict:
+    path = bundle / "manifest.json"
+    if not path.is_file():
+        raise ZooError(f"{bundle} has no manifest.json: not a zoo bundle.", "convert it with `make convert MODEL=gqa-llm`.")
+    manifest = json.loads(path.read_text())
+    if manifest.get("model") != model:
+        raise ZooError(f"{bundle} is a '{manifest.get('model')}' bundle, not '{model}'.", f"pass a {model} bundle.")
+    return manifest
+
+
+def load_bundle_tokenizer(bundle: Path, override: str | None):
+    from transformers import AutoTokenizer
+
+    folder = Path(override) if override else bundle / "tokenizer"
+    if not (folder / "tokenizer_config.json").is_file():
+        raise ZooError(f"No tokenizer at {folder}.", "pass --tokenizer PATH, or re-convert: bundles ship their tokenizer.")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def open_session(bundle: Path, target: str):
+    if target == "coreai":
+        from models.gqa_llm.export_coreai import CoreAISession
+
+        return CoreAISession(bundle / "model.aimodel")
+    from models.gqa_llm.export_litert import LiteRTSession
+
+    return LiteRTSession(bundle / "model.tflite")
+
+
+def generate(bundle: Path, prompt: str, max_new_tokens: int, tokenizer_path: str | None = None,
+             model: str = "gqa-llm", out=sys.stdout) -> list[int]:
+    """Greedy tokens after the prompt, written to `out` as they come."""
+    import numpy as np
+
+    from models.gqa_llm.generation import ContextOverflow
+
+    manifest = read_manifest(bundle, model)
+    if manifest.get("status") != "passed":
+        print(f"warning: this bundle did not pass its gates (status: {manifest.get('status')})", file=sys.stderr)
+    tokenizer = load_bundle_tokenizer(bundle, tokenizer_path)
+    ids = tokenizer(prompt)["input_ids"]
+    tokens: list[int] = []
+    with open_session(bundle, bundle_target(bundle)) as session:
+        try:
+            logits = session.step(ids, 0)
+            if len(logits) != len(tokenizer):
+                raise ZooError(
+                    f"Wrong tokenizer for this bundle: it has {len(tokenizer)} tokens, the bundle predicts over {len(logits)}.",
+                    "drop --tokenizer to use the one shipped in the bundle, or pass the model's own tokenizer.")
+            shown = ""
+            for position in range(len(ids), len(ids) + max_new_tokens):
+                token = int(np.argmax(logits))
+                tokens.append(token)
+                text = tokenizer.decode(tokens, skip_special_tokens=True)
+                out.write(text[len(shown):])
+                out.flush()
+                shown = text
+                if token == tokenizer.eos_token_id:
+                    break
+                logits = session.step([token], position)
+        except ContextOverflow as exc:
+            raise ZooError(f"The prompt ({len(ids)} tokens) plus {max_new_tokens} new tokens does not fit this bundle's "
+                           f"exported context of {session.context_len} tokens ({exc}).",
+                           "shorten the prompt or --max-new-tokens, or re-convert with model.context_len=<larger>.") from exc
+    out.write("\n")
+    return tokens
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zoo.generate", description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=sorted(GENERATIVE))
+    parser.add_argument("--bundle", required=True, type=Path)
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the one shipped in the bundle)")
+    args = parser.parse_args(argv)
+    try:
+        print(args.prompt, end="", flush=True)
+        generate(args.bundle, args.prompt, args.max_new_tokens, args.tokenizer, args.model)
+    except ZooError as exc:
+        from zoo.console import Console
+
+        print(file=sys.stderr)
+        Console().error(exc)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
