@@ -53,13 +53,15 @@ def bundle_latency_ms(target_name: str, path: Path, inputs: dict[str, np.ndarray
 
 
 def row_from(result, eager_ms: float, latency_ms: float, fp32_bytes: int | None) -> dict:
+    """`eager_ms` is measured right before `latency_ms`, so both saw the same machine load."""
     stages = {s["name"]: s for s in result.stages}
     return {
         "target": result.target, "precision": result.precision, "status": result.status,
         "gate": "; ".join(f"{g.metric} {g.value:.6g}" for g in result.gates) + ("" if result.ok else " (FAILED)"),
         "convert_s": round(sum(stages[n]["seconds"] for n in CONVERT_STAGES if n in stages), 2),
         "peak_rss_mb": max(s["peak_rss_mb"] for s in result.stages),
-        "latency_ms": round(latency_ms, 2), "latency_vs_eager": round(latency_ms / eager_ms, 3),
+        "latency_ms": round(latency_ms, 2), "eager_ms": round(eager_ms, 2),
+        "latency_vs_eager": round(latency_ms / eager_ms, 3),
         "size_mb": round(result.bytes / 1e6, 2),
         "size_vs_fp32": round(result.bytes / fp32_bytes, 3) if fp32_bytes else None,
     }
@@ -74,9 +76,11 @@ def run_bench(model: str, overrides: list[str], console: Console) -> dict:
     checkpoint = resolve(cfg, bench.weights, spec.tiny_dir, spec.random_checkpoint)
     inputs = component.example_inputs(checkpoint, cfg)
     reference = component.reference(checkpoint, cfg)
-    with torch.no_grad():
-        eager_ms = median_ms(lambda: reference(*inputs.values()), int(bench.repeats))
-    del reference
+
+    @torch.no_grad()
+    def eager_ms() -> float:
+        return median_ms(lambda: reference(*inputs.values()), int(bench.repeats))
+
     rows = []
     with tempfile.TemporaryDirectory(prefix="zoo-bench-") as out:
         for target in TARGET_NAMES:
@@ -85,7 +89,7 @@ def run_bench(model: str, overrides: list[str], console: Console) -> dict:
                 refusal = (cfg.get("refused_precisions") or {}).get(target, {}).get(precision)
                 if refusal:
                     rows.append({"target": target, "precision": precision, "status": "refused",
-                                 "reason": refusal.split(".")[0]})
+                                 "reason": refusal.split(" (")[0]})
                     continue
                 console.begin(model, component.name, target, precision)
                 [result] = convert_model(cfg, [target], precision=precision, out_dir=Path(out), console=console,
@@ -94,14 +98,15 @@ def run_bench(model: str, overrides: list[str], console: Console) -> dict:
                     raise ZooError(f"bench conversion {target}-{precision} failed: {result.error}",
                                    "fix the conversion first (make convert shows the failing stage).")
                 fp32_bytes = fp32_bytes or (result.bytes if precision == "fp32" else None)
+                baseline = eager_ms()
                 latency = bundle_latency_ms(target, result.path, to_numpy(inputs), int(bench.repeats))
-                rows.append(row_from(result, eager_ms, latency, fp32_bytes))
+                rows.append(row_from(result, baseline, latency, fp32_bytes))
     return {
         "header": {
             "command": f"make bench MODEL={model}", "date": date.today().isoformat(),
             "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}",
             "weights": f"{bench.weights} ({checkpoint.provenance.get('note', checkpoint.source)}), variant {bench.variant}",
-            "eager_ms": round(eager_ms, 2), "repeats": int(bench.repeats),
+            "repeats": int(bench.repeats),
         },
         "rows": rows,
     }

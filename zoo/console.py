@@ -12,6 +12,22 @@ from zoo.errors import ZooError
 _MARK = {"ok": "[green]✓[/]", "skipped": "[yellow]–[/]", "failed": "[red]✗[/]"}
 
 
+def worst_per_metric(results) -> list[str]:
+    """One line per metric: its worst value over every output/prompt/signature, and how many passed."""
+    from zoo.gates import METRICS
+
+    lines = []
+    for metric in dict.fromkeys(g.metric for g in results):
+        group = [g for g in results if g.metric == metric]
+        pick = min if METRICS[metric].higher_is_better else max
+        worst = pick(group, key=lambda g: (g.value if g.value == g.value else (-1e300 if pick is min else 1e300)))
+        op = ">=" if METRICS[metric].higher_is_better else "<="
+        passed = sum(g.passed for g in group)
+        count = f" ({passed}/{len(group)} pass)" if len(group) > 1 else ""
+        lines.append(f"{metric} {worst.value:.7g} {op} {worst.threshold:g}: {'pass' if passed == len(group) else 'FAIL'}{count}")
+    return lines
+
+
 class Console:
     def __init__(self, quiet: bool = False):
         self.rich = RichConsole(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -34,7 +50,7 @@ class Console:
             table.add_column(col)
         for r in results:
             status = {"passed": "[green]passed[/]", "gate_failed": "[red]GATE FAILED[/]"}.get(r.status, "[red]ERROR[/]")
-            gate_text = "\n".join(g.describe().split(": ", 1)[1] for g in r.gates) or r.error
+            gate_text = "\n".join(worst_per_metric(r.gates)) or r.error
             table.add_row(r.model, r.component, r.target, r.precision, status, gate_text,
                           f"{r.bytes / 2**20:.2f} MiB", str(r.path or "-"))
         self.rich.print(table)
