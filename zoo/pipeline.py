@@ -141,6 +141,7 @@ def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_o
     report = {
         "model": spec.name, "component": component.name, "target": target_name, "precision": precision.name,
         "weights": _weights_summary(checkpoint), "port_parity_cosine": port_parity,
+        "model_config": config_snapshot(cfg),  # thresholds, lengths, options: what this bundle was made with
         "created_unix": int(time.time()), "status": "running",
     }
     result = BundleResult(spec.name, component.name, target_name, precision.name, "error", None)
