@@ -26,7 +26,7 @@ def convert_entries(entries: list[Entry], out_path: Path) -> Path:
 
     converter = None
     for entry in entries:
-        named = NamedIO(entry.module.eval(), list(entry.inputs), entry.output_names)
+        named = NamedIO(entry.module, list(entry.inputs), entry.output_names).eval()
         add = litert_torch.signature if converter is None else converter.signature
         converter = add(entry.name, named, sample_kwargs=dict(entry.inputs))
     converter.convert().export(str(out_path))
