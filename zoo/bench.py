@@ -117,13 +117,15 @@ def main(argv: list[str]) -> int:
     model = next((a.split("=", 1)[1] for a in argv if a.startswith("model=")), "t5")
     console = Console()
     try:
-        data = run_bench(model, overrides, console)
+        cfg = compose_convert([f"model={model}", *overrides])
+        hooks = get_spec(cfg.model).meta  # a model with its own bench (e.g. an LLM) registers meta["bench"]
+        data = hooks["bench"](cfg, console) if "bench" in hooks else run_bench(model, overrides, console)
     except ZooError as exc:
         console.error(exc)
         return exc.exit_code
-    folder = ROOT / "models" / compose_convert([f"model={model}"]).model.package.split(".")[-1]
+    folder = ROOT / "models" / cfg.model.package.split(".")[-1]
     (folder / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
-    table = measured_table(data)
+    table = hooks.get("bench_table", measured_table)(data)
     update_readme(folder / "README.md", table)
     console.rich.print(table)
     return 0 if all(r.get("status") in ("passed", "refused") for r in data["rows"]) else 1

@@ -20,6 +20,7 @@ from zoo.registry import Component, ModelSpec
 from zoo.weights import Checkpoint, load_strict
 
 from . import generation as gen
+from .bench import bench, bench_table
 from .model import GQAForCausalLM, coreai_entries, from_hf_config, litert_entries
 from .weights import WeightsUnavailable, ensure_smollm2, load_tokenizer
 
@@ -147,5 +148,5 @@ SPEC = ModelSpec(
     ],
     tiny_dir=TINY_DIR,
     random_checkpoint=random_checkpoint,
-    meta={"embedded": embedded_folder},
+    meta={"embedded": embedded_folder, "bench": bench, "bench_table": bench_table},
 )
