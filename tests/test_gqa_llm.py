@@ -273,8 +273,10 @@ def test_gate_fails_on_wrong_length_prompt(tiny_lm, tiny_prompt, tiny_reference_
 def tiny_aimodel(tiny_lm, tmp_path_factory) -> Path:
     from models.gqa_llm import export_coreai
 
+    from zoo.targets.coreai import CoreAITarget
+
     program = export_coreai.convert(tiny_lm, TINY_CONTEXT)
-    return export_coreai.save(program, tmp_path_factory.mktemp("coreai") / "gqa-llm-tiny.aimodel")
+    return CoreAITarget().save(program, tmp_path_factory.mktemp("coreai"), {})
 
 
 def test_coreai_tiny_token_exact(tiny_aimodel, tiny_prompt, tiny_reference_stream):
@@ -421,7 +423,9 @@ def test_smollm2_coreai_fp32_token_exact(smollm2, tmp_path):
     from models.gqa_llm import export_coreai
 
     lm, _, tok, prompt, ref_stream = smollm2
-    path = export_coreai.save(export_coreai.convert(lm, REAL_CONTEXT), tmp_path / "smollm2.aimodel")
+    from zoo.targets.coreai import CoreAITarget
+
+    path = CoreAITarget().save(export_coreai.convert(lm, REAL_CONTEXT), tmp_path, {})
     with export_coreai.CoreAISession(path) as session:
         cand = gen.greedy(session.step, prompt, gen.DEFAULT_NEW_TOKENS)
     result = gen.token_exact_gate(ref_stream, cand, decode=tok.decode, prompt_text=gen.DEFAULT_PROMPT)

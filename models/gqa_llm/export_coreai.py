@@ -2,7 +2,7 @@
 states shared by both.
 
     prog = convert(lm, context_len=512)          # export x2 -> one AIProgram
-    path = save(prog, Path("out/gqa-llm.aimodel"))
+    path = CoreAITarget().save(prog, Path("out"), {})  # the shared save: out/model.aimodel
     with CoreAISession(path) as session:          # keeps the AIModel alive while functions run
         stream = greedy(session.step, prompt_ids)
 
@@ -16,8 +16,6 @@ wasted compute; logits are the last position's only.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Sequence
@@ -56,28 +54,6 @@ def convert(lm: GQAForCausalLM, context_len: int, timings: dict | None = None):
     program = convert_programs(entries, programs)
     timings["to_coreai_s"] = round(time.perf_counter() - t0, 2)
     return program
-
-
-def save(program, path: str | Path, metadata: dict | None = None) -> Path:
-    """Atomic save: save_asset deletes its target first, so write a temporary sibling and rename
-    it into place; a failure never destroys the previous bundle."""
-    import coreai.runtime as rt
-
-    path = Path(path)
-    if path.suffix != ".aimodel":
-        raise ValueError(f"{path}: a Core AI bundle path must end in .aimodel")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.aimodel")
-    meta = rt.AIModelAssetMetadata()
-    if metadata:
-        meta.model_description = metadata.get("description", "")
-    program.save_asset(tmp, meta)
-    old = path.with_name(f".{path.stem}.old.aimodel")
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
-    return path
 
 
 class CoreAISession:
