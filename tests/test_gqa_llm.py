@@ -362,6 +362,10 @@ def test_litert_op_report_sees_every_subgraph(tmp_path):
     report = op_report(path)
     assert report["max_rank"] == 5 and report["max_rank_tensor"]["subgraph"] == "repeat_kv"
     assert gpu_clean_findings(report)
+    # the rewrite library's detectors read the same flatbuffer walk, so they see it too
+    from zoo.rewrites.inspect import find_rank_over, gpu_lint
+
+    assert find_rank_over(path) and gpu_lint(path)
 
 
 def test_litert_context_limits(tiny_tflite):

@@ -18,16 +18,17 @@ P-sized chunks.
 
 from __future__ import annotations
 
-import collections
-import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from zoo.rewrites.inspect import op_report  # noqa: F401  (re-exported: the LLM's graph checks)
+
 from .generation import check_fits
 from .model import GQAForCausalLM, litert_entries
+
 
 def convert(lm: GQAForCausalLM, context_len: int, prefill_len: int, scaled_norms: bool = True,
             out_path: str | Path = "gqa-llm.tflite") -> Path:
@@ -44,52 +45,12 @@ def convert(lm: GQAForCausalLM, context_len: int, prefill_len: int, scaled_norms
 # --------------------------------------------------------------------------------------------
 # Graph inspection: the GPU-clean claims, checked on the flatbuffer itself
 # --------------------------------------------------------------------------------------------
-def op_report(path: str | Path) -> dict:
-    """Op histogram, tensor ranks and signatures of a .tflite, read from the flatbuffer itself.
-
-    The interpreter's `_get_ops_details()` / `get_tensor_details()` only see subgraph 0 (one
-    signature), so the schema is walked directly: every subgraph, every operator, every tensor
-    (a rank-5 intermediate cannot hide in the decode subgraph). The file is memory-mapped, so
-    weights are never copied.
-    """
-    import mmap
-
-    from ai_edge_litert import schema_py_generated as schema
-
-    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
-    ops: collections.Counter = collections.Counter()
-    ranks: collections.Counter = collections.Counter()
-    worst: dict | None = None
-    subgraphs = []
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        model = schema.Model.GetRootAs(buf, 0)
-        for g in range(model.SubgraphsLength()):
-            sg = model.Subgraphs(g)
-            subgraphs.append((sg.Name() or b"").decode())
-            for i in range(sg.OperatorsLength()):
-                code = model.OperatorCodes(sg.Operators(i).OpcodeIndex())
-                # Codes >= 127 live in BuiltinCode; DeprecatedBuiltinCode caps at 127.
-                builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
-                name = names.get(builtin, str(builtin))
-                if name == "CUSTOM":
-                    name = f"CUSTOM:{(code.CustomCode() or b'').decode()}"
-                ops[name] += 1
-            for i in range(sg.TensorsLength()):
-                t = sg.Tensors(i)
-                rank = t.ShapeLength()
-                ranks[rank] += 1
-                if worst is None or rank > worst["rank"]:
-                    worst = {"rank": rank, "subgraph": subgraphs[-1], "name": (t.Name() or b"").decode(),
-                             "shape": [int(x) for x in t.ShapeAsNumpy()] if rank else []}
-    return {"ops": dict(sorted(ops.items())), "tensor_ranks": dict(sorted(ranks.items())),
-            "max_rank": max(ranks) if ranks else 0, "max_rank_tensor": worst, "subgraphs": subgraphs}
-
-
 GPU_UNCLEAN_OPS = ("BROADCAST_TO", "GATHER_ND", "STABLEHLO_COMPOSITE")
 
 
 def gpu_clean_findings(report: dict) -> list[str]:
-    """Reasons the graph is not GPU-clean (empty list = clean by these static rules)."""
+    """Reasons the graph is not GPU-clean (empty list = clean by these static rules).
+    `report` is `zoo.rewrites.inspect.op_report(path)`: every subgraph, read from the flatbuffer."""
     findings = [f"{op} x{report['ops'][op]}" for op in GPU_UNCLEAN_OPS if op in report["ops"]]
     if report["max_rank"] > 4:
         findings.append(f"rank-{report['max_rank']} tensor {report['max_rank_tensor']}")

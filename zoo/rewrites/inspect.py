@@ -8,6 +8,7 @@ the schema that ai-edge-litert ships (`schema_py_generated`), so nothing here de
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -21,7 +22,7 @@ import torch
 
 @dataclasses.dataclass(frozen=True)
 class OpInfo:
-    """One operator of the main subgraph, as the GPU delegate will see it."""
+    """One operator of a subgraph, as the GPU delegate will see it."""
 
     name: str  # builtin name, e.g. "BROADCAST_TO", or the custom code
     version: int
@@ -34,8 +35,12 @@ class OpInfo:
 
 @dataclasses.dataclass(frozen=True)
 class TfliteGraph:
+    """One subgraph (one signature of a multi-signature file)."""
+
+    name: str
     ops: tuple[OpInfo, ...]
     tensor_shapes: tuple[tuple[int, ...], ...]
+    tensor_names: tuple[str, ...]
     graph_inputs: tuple[int, ...]
     graph_outputs: tuple[int, ...]
 
@@ -47,13 +52,27 @@ def _builtin_names() -> dict[int, str]:
     return {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 
 
-def read_graph(path: str | Path, subgraph: int = 0) -> TfliteGraph:
-    """Parse the .tflite flatbuffer: ops in execution order, shapes, which operands are constants."""
+def read_graphs(path: str | Path) -> tuple[TfliteGraph, ...]:
+    """Parse every subgraph of the .tflite flatbuffer: ops in execution order, shapes, constants.
+
+    Every subgraph, because the interpreter's own `_get_ops_details()` sees only the first one: a
+    rank-5 tensor in a model's second signature (an LLM's `decode`) must not hide. The file is
+    memory-mapped, so a 500 MB model's weights are never copied.
+    """
+    import mmap
+
     from ai_edge_litert import schema_py_generated as schema
 
-    buf = Path(path).read_bytes()
-    model = schema.Model.GetRootAs(buf, 0)
-    sg = model.Subgraphs(subgraph)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        model = schema.Model.GetRootAs(buf, 0)
+        return tuple(_read_subgraph(model, model.Subgraphs(i)) for i in range(model.SubgraphsLength()))
+
+
+def read_graph(path: str | Path, subgraph: int = 0) -> TfliteGraph:
+    return read_graphs(path)[subgraph]
+
+
+def _read_subgraph(model, sg) -> TfliteGraph:
     names = _builtin_names()
 
     def shape(t: int) -> tuple[int, ...]:
@@ -87,25 +106,49 @@ def read_graph(path: str | Path, subgraph: int = 0) -> TfliteGraph:
             )
         )
     return TfliteGraph(
+        name=(sg.Name() or b"").decode(),
         ops=tuple(ops),
         tensor_shapes=tuple(shape(t) for t in range(sg.TensorsLength())),
-        graph_inputs=tuple(int(t) for t in sg.InputsAsNumpy()),
-        graph_outputs=tuple(int(t) for t in sg.OutputsAsNumpy()),
+        tensor_names=tuple((sg.Tensors(t).Name() or b"").decode() for t in range(sg.TensorsLength())),
+        graph_inputs=tuple(int(t) for t in sg.InputsAsNumpy()) if sg.InputsLength() else (),
+        graph_outputs=tuple(int(t) for t in sg.OutputsAsNumpy()) if sg.OutputsLength() else (),
     )
 
 
+def all_ops(path: str | Path) -> list[OpInfo]:
+    """Every operator of every subgraph."""
+    return [op for g in read_graphs(path) for op in g.ops]
+
+
 def ops_in_tflite(path: str | Path) -> list[str]:
-    """Builtin op names of the main subgraph, in execution order (duplicates kept)."""
-    return [op.name for op in read_graph(path).ops]
+    """Builtin op names of every subgraph, in execution order (duplicates kept)."""
+    return [op.name for op in all_ops(path)]
 
 
 def max_tensor_rank(path: str | Path) -> int:
-    """Largest rank of any tensor in the main subgraph (the GPU delegate stops at 4)."""
-    return max((len(s) for s in read_graph(path).tensor_shapes), default=0)
+    """Largest rank of any tensor in any subgraph (the GPU delegate stops at 4)."""
+    return max((len(s) for g in read_graphs(path) for s in g.tensor_shapes), default=0)
 
 
 def ops_named(path: str | Path, name: str) -> list[OpInfo]:
-    return [op for op in read_graph(path).ops if op.name == name]
+    return [op for op in all_ops(path) if op.name == name]
+
+
+def op_report(path: str | Path) -> dict:
+    """Op histogram, tensor-rank histogram, the highest-rank tensor and the subgraph names: the
+    summary a bundle's checks and tests assert on (all subgraphs)."""
+    graphs = read_graphs(path)
+    ops = collections.Counter(op.name for g in graphs for op in g.ops)
+    ranks = collections.Counter(len(s) for g in graphs for s in g.tensor_shapes)
+    worst = max(((len(s), g.name, g.tensor_names[i], list(s)) for g in graphs for i, s in enumerate(g.tensor_shapes)),
+                key=lambda row: row[0], default=None)
+    return {
+        "ops": dict(sorted(ops.items())),
+        "tensor_ranks": dict(sorted(ranks.items())),
+        "max_rank": worst[0] if worst else 0,
+        "max_rank_tensor": dict(zip(("rank", "subgraph", "name", "shape"), worst)) if worst else None,
+        "subgraphs": [g.name for g in graphs],
+    }
 
 
 # --- detectors: each returns human-readable findings, [] when the file is clean ---------------------
@@ -118,21 +161,20 @@ def _fmt(op: OpInfo) -> str:
 
 def find_ops(path: str | Path, *names: str) -> list[str]:
     """Ops the GPU delegate rejects by name (BROADCAST_TO, GATHER_ND, RELU_0_TO_1, ...)."""
-    return [_fmt(op) for op in read_graph(path).ops if op.name in names]
+    return [_fmt(op) for op in all_ops(path) if op.name in names]
 
 
 def find_rank_over(path: str | Path, limit: int = 4) -> list[str]:
     """Tensors of rank > 4: the delegate fails with "bad input dims size: 6" and the like."""
-    g = read_graph(path)
     return [
-        f"{op.name} with a rank-{len(s)} tensor {s}" for op in g.ops for s in op.inputs + op.outputs if len(s) > limit
+        f"{op.name} with a rank-{len(s)} tensor {s}" for op in all_ops(path) for s in op.inputs + op.outputs if len(s) > limit
     ]
 
 
 def find_broadcast_bmm(path: str | Path) -> list[str]:
     """BATCH_MATMUL whose operands' batch dims differ: accepted by the GPU but wrong even in fp32."""
     found = []
-    for op in read_graph(path).ops:
+    for op in all_ops(path):
         if op.name == "BATCH_MATMUL" and len(op.inputs) == 2:
             a, b = (s[:-2] for s in op.inputs)
             if a != b:
@@ -145,7 +187,13 @@ def find_broadcast_add_after_bmm(path: str | Path) -> list[str]:
 
     Silently wrong on older runtimes (LiteRT#8593; token 0 right, every later token wrong).
     """
-    g = read_graph(path)
+    found = []
+    for g in read_graphs(path):
+        found += _broadcast_adds_after_bmm(g)
+    return found
+
+
+def _broadcast_adds_after_bmm(g: TfliteGraph) -> list[str]:
     made_by = {t: op.name for op in g.ops for t in op.output_ids}
     found = []
     for op in g.ops:
@@ -173,14 +221,14 @@ def find_identical_inputs(path: str | Path, names: Sequence[str] = ("DIV",)) -> 
     """
     return [
         f"{_fmt(op)} with identical inputs"
-        for op in read_graph(path).ops
+        for op in all_ops(path)
         if op.name in names and len(op.input_ids) == 2 and op.input_ids[0] == op.input_ids[1]
     ]
 
 
 def find_all_const_inputs(path: str | Path) -> list[str]:
     """Ops that only read constants: "Expected 1 const input tensor(s)" splits the partition."""
-    return [f"{_fmt(op)} on constants only" for op in read_graph(path).ops if op.const_inputs and all(op.const_inputs)]
+    return [f"{_fmt(op)} on constants only" for op in all_ops(path) if op.const_inputs and all(op.const_inputs)]
 
 
 def find_fc_rank_drop(path: str | Path) -> list[str]:
@@ -189,7 +237,10 @@ def find_fc_rank_drop(path: str | Path) -> list[str]:
     Accepted by the GPU delegate but wrong even in fp32 (row 0 right, the rest wrong). litert-torch
     emits the rank-2 form for `F.linear(x3d, W, b)` (FC v1, keep_num_dims=False).
     """
-    g = read_graph(path)
+    return [finding for g in read_graphs(path) for finding in _fc_rank_drops(g)]
+
+
+def _fc_rank_drops(g: TfliteGraph) -> list[str]:
     fc_out = {t: len(op.outputs[0]) for op in g.ops if op.name == "FULLY_CONNECTED" for t in op.output_ids}
     found = []
     for op in g.ops:
@@ -209,7 +260,10 @@ def find_fc_rank_drop(path: str | Path) -> list[str]:
 
 def find_aliased_add_outputs(path: str | Path) -> list[str]:
     """Graph outputs made by ADD of two runtime tensors that another op also reads (LiteRT#8599)."""
-    g = read_graph(path)
+    return [finding for g in read_graphs(path) for finding in _aliased_add_outputs(g)]
+
+
+def _aliased_add_outputs(g: TfliteGraph) -> list[str]:
     made_by = {t: op for op in g.ops for t in op.output_ids}
     read = {t for op in g.ops for t in op.input_ids}
     found = []
