@@ -234,7 +234,9 @@ def _gpu_stage(path: Path, entry_inputs: dict, cfg, precision: Precision, detail
 
 
 def _compress_options(cfg) -> dict:
-    return {"int8_group_size": int(cfg.get("int8_group_size", 32))}
+    workers = cfg.get("int8_kmeans_workers")  # null: every core
+    return {"int8_group_size": int(cfg.get("int8_group_size", 32)),
+            "int8_kmeans_workers": int(workers) if workers else None}
 
 
 def _thresholds(cfg, precision: Precision) -> dict[str, float]:

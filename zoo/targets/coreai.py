@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import warnings
 from importlib.metadata import version
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zoo.errors import ZooError
 from zoo.precision import Precision, cast_for_export
 from zoo.targets import Entry
 
@@ -56,23 +58,82 @@ def convert_programs(entries: list[Entry], exported: list):
     return converter.to_coreai()
 
 
-def palettize_int8(program, group_size: int = 32):
+def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = None, fast_kmeans: bool = False):
     """8-bit k-means palettization, one look-up table per group of 32 output channels.
 
     Weights whose leading axis is not a multiple of the group size are left in fp32 by coreai-opt
     (it says so on stdout); the summary's storage types show what was compressed.
+    K-means runs per group (~0.15 s each here; SmolLM2 has ~11,000 groups, since each function holds
+    its own copy of a weight), so it is spread over `kmeans_workers` processes (default: every core).
+
+    fast_kmeans stays off: coreai-opt 0.4.0's "fast" mode rounds the weights to 4 decimals *in fp16*
+    (x * 1e4 first), so any weight with |w| > 6.5504 becomes inf and its group's look-up table gets
+    inf/NaN entries. SmolLM2 has such weights (layer 27 gate/up, |w| up to 6.66): every logit was NaN.
+    Exact mode cost +10% time on the same weights (measured: 7.7 s vs 7.1 s for one 576x1536 matrix).
     """
+    kmeans_workers = kmeans_workers or os.cpu_count() or 1
     _coreai_torch()
     from coreai_opt.coreai_utils import CompressionGranularity, palettize_weights
 
-    return palettize_weights(
-        program,
-        None,
-        n_bits=8,
-        granularity=CompressionGranularity.PER_GROUPED_CHANNEL,
-        group_size=group_size,
-        num_kmeans_workers=1,
-    )
+    with _forkserver_start_method():
+        compressed = palettize_weights(
+            program,
+            None,
+            n_bits=8,
+            granularity=CompressionGranularity.PER_GROUPED_CHANNEL,
+            group_size=group_size,
+            num_kmeans_workers=kmeans_workers,
+            enable_fast_kmeans_mode=fast_kmeans,
+        )
+    bad = nonfinite_lookup_tables(compressed)
+    if bad:
+        raise ZooError(
+            f"8-bit palettization produced non-finite look-up-table entries in {len(bad)} weight(s) "
+            f"(first: {bad[0]}); the bundle would compute NaN.",
+            "keep fast k-means off (palettize_int8(fast_kmeans=False), the default), or report the "
+            "weight's value range: coreai-opt casts weights to fp16 before clustering.",
+        )
+    return compressed
+
+
+def nonfinite_lookup_tables(program) -> list[str]:
+    """Every `lut_to_dense` whose look-up table holds inf or NaN, described by its output type.
+
+    Reads the program's constants through coreai-opt's own accessor (there is no public one): this is
+    the check that turns a silently NaN bundle into an error at the compression stage.
+    """
+    from coreai._compiler.ir import WalkResult
+    from coreai_opt.coreai_utils._coreai_imports import _get_constant_value_as_np_array
+
+    found = []
+
+    def visit(op):
+        table = list(op.operands)[1].owner if op.name == "coreai.lut_to_dense" else None
+        if table is not None and table.name == "coreai.constant":
+            lut = _get_constant_value_as_np_array(table)
+            if lut.dtype.kind == "f" and not np.isfinite(lut).all():
+                found.append(f"{op.result.type}: {int((~np.isfinite(lut)).sum())} non-finite entries")
+        return WalkResult.ADVANCE
+
+    program._module._mlir_module.operation.walk(visit)
+    return found
+
+
+@contextlib.contextmanager
+def _forkserver_start_method():
+    """coreai-opt makes its k-means pool with multiprocessing's default start method, `fork` on Linux.
+    Forked from a process that already runs threads (torch's, our RSS sampler) the workers deadlocked
+    on a lock at start (measured: gqa-llm tiny hung for 10 min). `forkserver` starts them from a
+    clean single-threaded server instead. The default is restored afterwards (the pool, made once
+    and cached by coreai-opt, keeps its start method)."""
+    import multiprocessing
+
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
 
 
 class CoreAITarget:
@@ -96,10 +157,13 @@ class CoreAITarget:
     def convert(self, entries: list[Entry], exported, scratch: Path):
         return convert_programs(entries, exported)
 
-    def compress(self, program, precision: Precision, scratch: Path, int8_group_size: int = 32):
+    def compress(self, program, precision: Precision, scratch: Path, int8_group_size: int = 32,
+                 int8_kmeans_workers: int | None = None):
         """Returns (program, note); note None means the stage had nothing to do."""
         if precision.name == "int8":
-            return palettize_int8(program, int8_group_size), f"8-bit palettization, per grouped channel, group {int8_group_size}"
+            workers = int8_kmeans_workers or os.cpu_count() or 1
+            return (palettize_int8(program, int8_group_size, workers),
+                    f"8-bit palettization, per grouped channel, group {int8_group_size}, {workers} k-means worker(s)")
         return program, None
 
     def save(self, program, dest: Path, metadata: dict) -> Path:
