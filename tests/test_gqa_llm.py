@@ -293,6 +293,29 @@ def test_coreai_tiny_token_exact(tiny_aimodel, tiny_prompt, tiny_reference_strea
     assert again.tokens == cand.tokens
 
 
+def test_coreai_bf16_matches_eager_bf16_and_stores_bf16(tiny_lm, tiny_prompt, tmp_path):
+    """bf16 goes through the shared precision wrapper (IOCast + fp32 Linear accumulation); the bundle
+    keeps fp32 I/O and fp32 cache states, stores bf16 weights, and tracks eager bf16 on the same graph."""
+    from models.gqa_llm.export_coreai import CoreAISession
+    from models.gqa_llm.model import coreai_entries
+
+    from zoo.precision import PRECISIONS
+    from zoo.targets.coreai import CoreAITarget
+
+    target = CoreAITarget()
+    prepared = target.prepare(tiny_lm, PRECISIONS["bf16"], {"fp32_linear_accumulation": True})
+    entries = coreai_entries(prepared.module, TINY_CONTEXT)
+    path = target.save(target.convert(entries, target.export(entries), None), tmp_path, {})
+    assert "BFloat16" in target.summary(path)
+    eager = gen.greedy(stateful_eager_step(entries[0].module.eval()), tiny_prompt, TINY_NEW_TOKENS)
+    with CoreAISession(path) as session:
+        assert {dtype for _, dtype in session.runner.state_specs("decode").values()} == {np.dtype("float32")}
+        cand = gen.greedy(session.step, tiny_prompt, TINY_NEW_TOKENS)
+    result = gen.token_exact_gate(eager, cand)
+    assert min(result.transcript["logits_cosine"]) >= 0.999, result.transcript
+    assert tiny_lm.lm_head.weight.dtype == torch.float32  # the caller's module is untouched
+
+
 def test_coreai_context_limits(tiny_aimodel):
     from models.gqa_llm.export_coreai import CoreAISession
 

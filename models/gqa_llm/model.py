@@ -400,14 +400,22 @@ class PretransposedLinear(nn.Module):
     nn.Linear exports as permute(W) + mm, and coreai-torch 0.4.3 keeps that permute as a runtime
     transpose of the constant: on the Linux CPU runtime 241 such transposes took 88% of a
     SmolLM2 decode step (0.83 of 0.95 s). Storing W^T makes it a plain matmul.
+
+
+    accumulate_fp32: multiply a reduced-precision weight in fp32 (the Core AI CPU runtime otherwise
+    accumulates bf16 matmuls in bf16; see zoo.precision.Fp32AccumulateLinear for the measurement).
     """
 
-    def __init__(self, weight_t: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight_t: torch.Tensor, bias: torch.Tensor | None, accumulate_fp32: bool = False):
         super().__init__()
         self.weight_t = nn.Parameter(weight_t, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.accumulate_fp32 = accumulate_fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.accumulate_fp32:
+            y = (x.float() @ self.weight_t.float()).to(x.dtype)
+            return y if self.bias is None else y + self.bias
         y = x @ self.weight_t
         return y if self.bias is None else y + self.bias
 
@@ -429,17 +437,23 @@ def with_pretransposed_weights(lm: GQAForCausalLM) -> GQAForCausalLM:
     """A copy of `lm` whose Linear layers (and tied embedding) hold W^T; numerics are identical.
 
     Norm weights and RoPE tables are shared with `lm`, not copied; the original is untouched.
+    Linears already wrapped by zoo.precision.Fp32AccumulateLinear (reduced precision with
+    `fp32_linear_accumulation`) keep multiplying in fp32.
     """
     import copy
+
+    from zoo.precision import Fp32AccumulateLinear
 
     memo = {id(t): t for t in list(lm.parameters()) + list(lm.buffers())}
     out = copy.deepcopy(lm, memo)
     with torch.no_grad():
         for parent in list(out.modules()):
             for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear) and child is not out.lm_head:  # lm_head: below
-                    setattr(parent, name, PretransposedLinear(child.weight.t().contiguous(), child.bias))
-        out.lm_head = PretransposedLinear(lm.lm_head.weight.t().contiguous(), None)
+                if isinstance(child, (nn.Linear, Fp32AccumulateLinear)) and child is not out.lm_head:  # lm_head: below
+                    setattr(parent, name, PretransposedLinear(child.weight.t().contiguous(), child.bias,
+                                                              isinstance(child, Fp32AccumulateLinear)))
+        out.lm_head = PretransposedLinear(lm.lm_head.weight.t().contiguous(), None,
+                                          isinstance(lm.lm_head, Fp32AccumulateLinear))
         if lm.cfg.tie_embeddings:  # the same Parameter object: exported as one constant
             out.model.embed_tokens = TransposedEmbedding(out.lm_head.weight_t)
     return out
@@ -502,11 +516,12 @@ class CoreAIStatefulLM(nn.Module):
             raise ValueError(f"context_len={context_len} exceeds the model's max_seq_len={cfg.max_seq_len}")
         self.lm = lm
         self.context_len = context_len
-        dtype = lm.model.norm.weight.dtype
+        # Caches are fp32 states whatever the compute dtype: numpy (and so the runtime's NDArray
+        # bridge) has no bfloat16, and the cast costs one [n_kv, context, D] pass per layer.
         for i in range(cfg.num_layers):
             shape = (batch, cfg.num_kv_heads, context_len, cfg.head_dim)
-            self.register_buffer(f"k_cache_{i}", torch.zeros(shape, dtype=dtype))
-            self.register_buffer(f"v_cache_{i}", torch.zeros(shape, dtype=dtype))
+            self.register_buffer(f"k_cache_{i}", torch.zeros(shape, dtype=torch.float32))
+            self.register_buffer(f"v_cache_{i}", torch.zeros(shape, dtype=torch.float32))
 
     def state_names(self) -> list[str]:
         """Cache buffer names, in the order torch.export lists them (registration order)."""
@@ -521,9 +536,9 @@ class CoreAIStatefulLM(nn.Module):
 
         def write(k, v):
             # Plain slice assignment into a buffer: coreai-torch records it as a state update.
-            k_cache[:, :, p : p + t] = k
-            v_cache[:, :, p : p + t] = v
-            return k_cache, v_cache
+            k_cache[:, :, p : p + t] = k.float()
+            v_cache[:, :, p : p + t] = v.float()
+            return k_cache.to(k.dtype), v_cache.to(v.dtype)
 
         return write
 
@@ -538,7 +553,7 @@ class CoreAIStatefulLM(nn.Module):
         writers = [self._cache_writer(i, p, t) for i in range(self.lm.cfg.num_layers)]
         h = self.lm.model.embed_tokens(input_ids)
         h = self.lm.run_layers(h, cos, sin, mask, writers)
-        return self.lm.lm_head(h[:, -1:])
+        return self.lm.lm_head(h[:, -1:]).float()
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from torch import nn
 
 from zoo.errors import ZooError
 from zoo.gates import GateResult, check_value
+from zoo.precision import IOCast
 from zoo.registry import Component, ModelSpec
 from zoo.weights import Checkpoint, load_strict
 
@@ -88,7 +89,10 @@ def example_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tensor]:
 
 def entries(module, inputs, target: str, cfg):
     if target == "coreai":
-        return coreai_entries(module, int(cfg.context_len))
+        # Reduced precision arrives as zoo.precision.IOCast(lm in bf16/fp16): the stateful export
+        # takes the cast decoder itself (its ids and positions are integers, its logits leave as fp32).
+        lm = module.module if isinstance(module, IOCast) else module
+        return coreai_entries(lm, int(cfg.context_len))
     return litert_entries(module, int(cfg.context_len), int(cfg.prefill_len))
 
 
