@@ -118,3 +118,30 @@ def test_real_smollm2_through_the_pipeline_and_generate(tmp_path):
         out = io.StringIO()
         generate(result.path, "The capital of France is", 4, out=out)
         assert "Paris" in out.getvalue()
+
+
+def _real_coreai_bundle(precision: str, out_dir):
+    from zoo.config import compose_convert
+
+    cfg = compose_convert(["model=gqa-llm"])
+    result = convert_model(cfg.model, ["coreai"], precision=precision, out_dir=out_dir)[0]
+    assert result.ok, result.error or [g.describe() for g in result.gates if not g.passed]
+    return result
+
+
+@pytest.mark.real_weights
+def test_real_smollm2_coreai_bf16_passes_its_gate_with_bf16_weights(tmp_path):
+    from zoo.targets.coreai import CoreAITarget
+
+    result = _real_coreai_bundle("bf16", tmp_path)
+    assert "BFloat16" in CoreAITarget().summary(result.path / "model.aimodel")
+
+
+@pytest.mark.slow
+@pytest.mark.real_weights
+def test_real_smollm2_coreai_int8_is_finite_and_passes_its_gate(tmp_path):
+    """~20 min on 2 cores (k-means over ~11,000 weight groups): `make test-slow`."""
+    from zoo.targets.coreai import CoreAITarget
+
+    result = _real_coreai_bundle("int8", tmp_path)
+    assert "lut_to_dense" in CoreAITarget().summary(result.path / "model.aimodel")

@@ -52,7 +52,7 @@ def bundle_latency_ms(target_name: str, path: Path, inputs: dict[str, np.ndarray
         runner.close()
 
 
-def row_from(result, eager_ms: float, latency_ms: float, fp32_bytes: int | None) -> dict:
+def row_from(result, eager_ms: float, latency_ms: float) -> dict:
     """`eager_ms` is measured right before `latency_ms`, so both saw the same machine load."""
     stages = {s["name"]: s for s in result.stages}
     return {
@@ -63,25 +63,52 @@ def row_from(result, eager_ms: float, latency_ms: float, fp32_bytes: int | None)
         "latency_ms": round(latency_ms, 2), "eager_ms": round(eager_ms, 2),
         "latency_vs_eager": round(latency_ms / eager_ms, 3),
         "size_mb": round(result.bytes / 1e6, 2),
-        "size_vs_fp32": round(result.bytes / fp32_bytes, 3) if fp32_bytes else None,
     }
 
 
-def run_bench(model: str, overrides: list[str], console: Console) -> dict:
+def in_fresh_process(fn, *args):
+    """Run fn(*args) in a new spawned interpreter: peak RSS per bundle is then that bundle's own, not
+    the high-water mark of every conversion before it (measured: the T5 bench's peak-RSS column climbed
+    3049 -> 5405 MB over seven bundles in one process)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def bench_config(model: str, overrides: list[str]):
     cfg = compose_convert([f"model={model}", *overrides]).model
+    return OmegaConf.merge(cfg, {"variant": cfg.bench.variant})
+
+
+def measure_bundle(model: str, overrides: list[str], target: str, precision: str, out: str) -> dict:
+    """One bundle, meant for a fresh process: convert + gate it, then time eager torch and the artifact
+    back to back on the same inputs. Returns its table row plus `bytes` and `weights` (provenance)."""
+    cfg = bench_config(model, overrides)
     bench = cfg.bench
-    cfg = OmegaConf.merge(cfg, {"variant": bench.variant})
     spec = get_spec(cfg)
     component = spec.components[0]
     checkpoint = resolve(cfg, bench.weights, spec.tiny_dir, spec.random_checkpoint)
     inputs = component.example_inputs(checkpoint, cfg)
     reference = component.reference(checkpoint, cfg)
+    console = Console()
+    console.begin(model, component.name, target, precision)
+    [result] = convert_model(cfg, [target], precision=precision, out_dir=Path(out), console=console,
+                             weights_spec=bench.weights)
+    if result.status == "error":
+        return {"error": result.error}
+    with torch.no_grad():
+        baseline = median_ms(lambda: reference(*inputs.values()), int(bench.repeats))
+    latency = bundle_latency_ms(target, result.path, to_numpy(inputs), int(bench.repeats))
+    return {**row_from(result, baseline, latency), "bytes": result.bytes,
+            "weights": f"{bench.weights} ({checkpoint.provenance.get('note', checkpoint.source)}), variant {bench.variant}"}
 
-    @torch.no_grad()
-    def eager_ms() -> float:
-        return median_ms(lambda: reference(*inputs.values()), int(bench.repeats))
 
-    rows = []
+def run_bench(model: str, overrides: list[str], console: Console) -> dict:
+    """Every (target, precision) the config allows, each bundle in its own fresh process."""
+    cfg = bench_config(model, overrides)
+    rows, weights = [], None
     with tempfile.TemporaryDirectory(prefix="zoo-bench-") as out:
         for target in TARGET_NAMES:
             fp32_bytes = None
@@ -91,22 +118,20 @@ def run_bench(model: str, overrides: list[str], console: Console) -> dict:
                     rows.append({"target": target, "precision": precision, "status": "refused",
                                  "reason": refusal.split(" (")[0]})
                     continue
-                console.begin(model, component.name, target, precision)
-                [result] = convert_model(cfg, [target], precision=precision, out_dir=Path(out), console=console,
-                                         weights_spec=bench.weights)
-                if result.status == "error":
-                    raise ZooError(f"bench conversion {target}-{precision} failed: {result.error}",
+                row = in_fresh_process(measure_bundle, model, overrides, target, precision, out)
+                if "error" in row:
+                    raise ZooError(f"bench conversion {target}-{precision} failed: {row['error']}",
                                    "fix the conversion first (make convert shows the failing stage).")
-                fp32_bytes = fp32_bytes or (result.bytes if precision == "fp32" else None)
-                baseline = eager_ms()
-                latency = bundle_latency_ms(target, result.path, to_numpy(inputs), int(bench.repeats))
-                rows.append(row_from(result, baseline, latency, fp32_bytes))
+                nbytes, weights = row.pop("bytes"), row.pop("weights")
+                fp32_bytes = fp32_bytes or (nbytes if precision == "fp32" else None)
+                row["size_vs_fp32"] = round(nbytes / fp32_bytes, 3) if fp32_bytes else None
+                rows.append(row)
     return {
         "header": {
             "command": f"make bench MODEL={model}", "date": date.today().isoformat(),
             "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}",
-            "weights": f"{bench.weights} ({checkpoint.provenance.get('note', checkpoint.source)}), variant {bench.variant}",
-            "repeats": int(bench.repeats),
+            "weights": weights, "repeats": int(cfg.bench.repeats),
+            "process": "each bundle converted, gated and timed in its own fresh process",
         },
         "rows": rows,
     }

@@ -39,7 +39,7 @@ def measured_table(bench: dict) -> str:
         )
     lines += ["", "convert s = export + convert + optimize + save; latency = median of "
               f"{head['repeats']} calls after one warm-up, on this machine's runtime (Core AI Linux CPU runtime, "
-              "LiteRT CPU interpreter)."]
+              "LiteRT CPU interpreter)" + (f"; {head['process']}." if head.get("process") else ".")]
     return "\n".join(lines)
 
 

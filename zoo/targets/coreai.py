@@ -68,8 +68,9 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
 
     fast_kmeans stays off: coreai-opt 0.4.0's "fast" mode rounds the weights to 4 decimals *in fp16*
     (x * 1e4 first), so any weight with |w| > 6.5504 becomes inf and its group's look-up table gets
-    inf/NaN entries. SmolLM2 has such weights (layer 27 gate/up, |w| up to 6.66): every logit was NaN.
-    Exact mode cost +10% time on the same weights (measured: 7.7 s vs 7.1 s for one 576x1536 matrix).
+    inf/NaN entries. SmolLM2 has two such weights (layer 27 gate/up, |w| up to 9.25): every logit was
+    NaN. Exact mode costs little: 8.2 s vs 6.4 s on layer 27's gate_proj with one worker
+    (`scripts/kmeans_fast_mode_check.py`, which also shows the fast mode refused by the check below).
     """
     kmeans_workers = kmeans_workers or os.cpu_count() or 1
     _coreai_torch()
