@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from zoo.bench import in_fresh_process
 from zoo.errors import ZooError
 from zoo.gates import METRICS
 from zoo.pipeline import convert_model
@@ -200,16 +201,6 @@ def measure_bundle(model_cfg: dict, weights_spec: str, target: str, precision: s
     row["bytes"] = result.bytes
     shutil.rmtree(result.path, ignore_errors=True)  # ~0.5 GB each
     return row
-
-
-def in_fresh_process(fn, *args):
-    """Run fn(*args) in a new spawned interpreter: peak RSS per bundle is then that bundle's own, not
-    the high-water mark of every conversion before it (measured: +4 GB by the second bundle in one process)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
 
 
 def bench(cfg, console) -> dict:
