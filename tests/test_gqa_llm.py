@@ -297,7 +297,7 @@ def test_coreai_bf16_matches_eager_bf16_and_stores_bf16(tiny_lm, tiny_prompt, tm
     """bf16 goes through the shared precision wrapper (IOCast + fp32 Linear accumulation); the bundle
     keeps fp32 I/O and fp32 cache states, stores bf16 weights, and tracks eager bf16 on the same graph."""
     from models.gqa_llm.export_coreai import CoreAISession
-    from models.gqa_llm.model import coreai_entries
+    from models.gqa_llm.model import PretransposedLinear, coreai_entries
 
     from zoo.precision import PRECISIONS
     from zoo.targets.coreai import CoreAITarget
@@ -305,6 +305,8 @@ def test_coreai_bf16_matches_eager_bf16_and_stores_bf16(tiny_lm, tiny_prompt, tm
     target = CoreAITarget()
     prepared = target.prepare(tiny_lm, PRECISIONS["bf16"], {"fp32_linear_accumulation": True})
     entries = coreai_entries(prepared.module, TINY_CONTEXT)
+    linears = [m for m in entries[0].module.modules() if isinstance(m, PretransposedLinear)]
+    assert linears and all(m.accumulate_fp32 for m in linears)  # the option survived the pre-transpose
     path = target.save(target.convert(entries, target.export(entries), None), tmp_path, {})
     assert "BFloat16" in target.summary(path)
     eager = gen.greedy(stateful_eager_step(entries[0].module.eval()), tiny_prompt, TINY_NEW_TOKENS)

@@ -401,7 +401,6 @@ class PretransposedLinear(nn.Module):
     transpose of the constant: on the Linux CPU runtime 241 such transposes took 88% of a
     SmolLM2 decode step (0.83 of 0.95 s). Storing W^T makes it a plain matmul.
 
-
     accumulate_fp32: multiply a reduced-precision weight in fp32 (the Core AI CPU runtime otherwise
     accumulates bf16 matmuls in bf16; see zoo.precision.Fp32AccumulateLinear for the measurement).
     """
@@ -413,10 +412,7 @@ class PretransposedLinear(nn.Module):
         self.accumulate_fp32 = accumulate_fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.accumulate_fp32:
-            y = (x.float() @ self.weight_t.float()).to(x.dtype)
-            return y if self.bias is None else y + self.bias
-        y = x @ self.weight_t
+        y = (x.float() @ self.weight_t.float()).to(x.dtype) if self.accumulate_fp32 else x @ self.weight_t
         return y if self.bias is None else y + self.bias
 
 
