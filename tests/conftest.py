@@ -29,3 +29,23 @@ def run_cli():
                               timeout=timeout, env={**os.environ, **(env or {})})
 
     return run
+
+
+def real_weights_required() -> bool:
+    """CI sets ZOO_REQUIRE_REAL_WEIGHTS=1: a real-weights test that cannot find them fails, never skips."""
+    return os.environ.get("ZOO_REQUIRE_REAL_WEIGHTS") == "1"
+
+
+def convert_with_target(target_name: str, entries, folder: Path) -> Path:
+    """Entries → saved artifact through the shared target code (export, convert, save), for tests that
+    exercise one export form without the gates. Bundles with gates come from zoo.pipeline."""
+    import torch
+
+    from zoo.targets import get_target
+
+    target = get_target(target_name)
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        exported = None if target.export_skip_reason else target.export(entries)
+        artifact = target.convert(entries, exported, folder)
+    return target.save(artifact, folder, {})

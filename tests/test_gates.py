@@ -46,21 +46,112 @@ def test_gate_needs_known_metric_and_a_threshold(reference):
         gates.evaluate(reference, reference, {})
 
 
-def test_registry_explains_every_metric():
+def test_registry_explains_and_computes_every_metric():
     for metric in gates.METRICS.values():
-        assert metric.explains
-        if metric.fn is None:  # judged by a dedicated check (GPU, generation): never as an array metric
-            with pytest.raises(KeyError):
-                gates.evaluate({"y": np.zeros(1)}, {"y": np.zeros(1)}, {metric.name: 1.0})
+        assert metric.explains and callable(metric.fn), metric.name  # no metric judged "elsewhere"
+
+
+# ---------------------------------------------------------------- GPU gates
+
+
+def policy(**kw):
+    return gates.GpuPolicy(**{"require_resident": True, "fp32_rel_tol": 1e-3, "fp16_rel_tol": 0.05, **kw})
+
+
+def check(status="accepted", fp32=1e-7, fp16=1e-3, fp16_cos=0.9999):
+    return {"status": status, "outputs": {"main": {"y": {"fp32_rel_err": fp32, "fp16_rel_err": fp16,
+                                                         "fp16_cosine": fp16_cos}}}}
 
 
 def test_gpu_gates_fail_when_rejected_not_run_or_wrong():
-    accepted = {"status": "accepted", "outputs": {"main": {"y": {"fp32_rel_err": 1e-7}}}}
-    assert gates.all_passed(gates.gpu_gates(accepted, "fp32", ["fp32"], 1e-3))
-    wrong = {"status": "accepted", "outputs": {"main": {"y": {"fp32_rel_err": 0.6}}}}
-    assert not gates.all_passed(gates.gpu_gates(wrong, "fp32", ["fp32"], 1e-3))
+    assert gates.all_passed(gates.gpu_gates(check(), "fp32", policy()))
+    assert not gates.all_passed(gates.gpu_gates(check(fp32=0.6), "fp32", policy()))
     for status in ("rejected", "not_run"):
-        assert not gates.all_passed(gates.gpu_gates({"status": status, "outputs": {}}, "fp32", ["fp32"], 1e-3))
-    nan = {"status": "accepted", "outputs": {"main": {"y": {"fp32_rel_err": "nan"}}}}
-    assert not gates.all_passed(gates.gpu_gates(nan, "fp32", ["fp32"], 1e-3))
-    assert gates.gpu_gates({"status": "rejected"}, "fp16", ["fp32"], 1e-3) == []  # not required at fp16
+        assert not gates.all_passed(gates.gpu_gates({"status": status, "outputs": {}}, "fp32", policy()))
+    assert not gates.all_passed(gates.gpu_gates(check(fp32="nan"), "fp32", policy()))
+    assert gates.gpu_gates({"status": "rejected"}, "fp16", policy(require_resident=False)) == []
+
+
+def test_gpu_fp16_run_decides_the_verdict():
+    """Defect: a model whose fp16 GPU output was all zeros (cosine 0) got `accepted` and passed."""
+    zeros = check(fp16=1.0, fp16_cos=0.0)
+    assert not gates.all_passed(gates.gpu_gates(zeros, "fp32", policy()))
+    # ... even where residency is not required: below the cosine floor or non-finite always fails
+    assert not gates.all_passed(gates.gpu_gates(zeros, "int8", policy(require_resident=False)))
+    assert not gates.all_passed(gates.gpu_gates(check(fp16="nan", fp16_cos="nan"), "fp32", policy()))
+    # the model's fp16 tolerance is a gate of its own
+    assert not gates.all_passed(gates.gpu_gates(check(fp16=0.2), "fp32", policy()))
+    assert gates.all_passed(gates.gpu_gates(check(fp16=0.2), "fp32", policy(fp16_rel_tol=0.3)))
+    # a model declared fp32-only on the GPU is not judged on fp16 (its status says so instead)
+    assert gates.all_passed(gates.gpu_gates(zeros, "fp32", policy(fp32_only="overflows fp16")))
+
+
+def test_gpu_check_that_did_not_run_fails_when_required():
+    not_run = {"status": "not_run", "reason": "no adapter", "outputs": {}}
+    lax = policy(require_resident=False)
+    assert gates.gpu_gates(not_run, "fp16", lax) == []  # visible in the status note, not a gate...
+    required = gates.gpu_gates(not_run, "fp16", gates.GpuPolicy(require_check=True))
+    assert required and not gates.all_passed(required)  # ...unless CI requires the check (ZOO_REQUIRE_GPU_CHECK=1)
+    assert gates.all_passed(gates.gpu_gates(check(), "fp16", gates.GpuPolicy(require_check=True)))
+
+
+# ---------------------------------------------------------------- token streams
+
+
+class Stream:
+    def __init__(self, tokens, logits, prompt=(1, 2)):
+        self.prompt_ids, self.tokens, self.logits = list(prompt), list(tokens), list(logits)
+
+
+def onehot_logits(tokens, margin=1.0):
+    out = []
+    for t in tokens:
+        lg = np.zeros(8, np.float32)
+        lg[t], lg[(t + 1) % 8] = 1.0 + margin, 1.0
+        out.append(lg)
+    return out
+
+
+@pytest.fixture
+def reference_stream():
+    tokens = [3, 4, 5, 6, 7, 0, 1, 2] * 2
+    return Stream(tokens, onehot_logits(tokens))
+
+
+def token_gates(candidate, reference, thresholds):
+    return gates.evaluate({"p": candidate}, {"p": reference}, thresholds)
+
+
+def test_token_metrics_pass_an_identical_stream(reference_stream):
+    thresholds = {"token_exact": 1.0, "token_agreement": 1.0, "min_logits_cosine": 0.9999}
+    assert gates.all_passed(token_gates(reference_stream, reference_stream, thresholds))
+
+
+def test_token_metrics_fail_a_diverging_stream(reference_stream):
+    tokens = reference_stream.tokens[:4] + [(t + 3) % 8 for t in reference_stream.tokens[4:]]
+    wrong = Stream(tokens, onehot_logits(tokens))
+    for metric, threshold in (("token_exact", 1.0), ("token_agreement", 0.5), ("min_logits_cosine", 0.999)):
+        assert gates.all_passed(token_gates(reference_stream, reference_stream, {metric: threshold}))
+        assert not gates.all_passed(token_gates(wrong, reference_stream, {metric: threshold})), metric
+
+
+def test_nan_from_token_12_fails_every_token_metric(reference_stream):
+    """Defect: a bundle NaN from token 12 had agreement 0.75 and min cosine of the finite steps (Python's
+    min skips a NaN that is not first), so it passed the int8/bf16/fp16 gates."""
+    logits = [lg.copy() for lg in reference_stream.logits]
+    for lg in logits[12:]:
+        lg[:] = np.nan
+    tokens = reference_stream.tokens[:12] + [0] * 4  # argmax of NaN logits
+    broken = Stream(tokens, logits)
+    for metric in ("token_exact", "token_agreement", "min_logits_cosine"):
+        [result] = token_gates(broken, reference_stream, {metric: 0.0})  # even the laxest threshold
+        assert result.value != result.value and not result.passed, (metric, result)
+    assert min([0.999, float("nan"), 0.5]) == 0.5 and gates.nan_min([0.999, float("nan"), 0.5]) != gates.nan_min([0.5])
+
+
+def test_worst_shows_nan():
+    results = [gates.GateResult("a", "cosine", 0.999, 0.9, True), gates.GateResult("b", "cosine", float("nan"), 0.9, False)]
+    assert gates.worst(results, "cosine") != gates.worst(results, "cosine")
+    from zoo.console import worst_per_metric
+
+    assert "nan" in worst_per_metric(results)[0]

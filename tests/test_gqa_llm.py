@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.gqa_llm import generation as gen
+from models.gqa_llm.spec import hf_step
+from zoo import gates
+from zoo import generation as gen
 from models.gqa_llm import weights as W
 from models.gqa_llm.model import (
     TINY,
@@ -28,6 +30,8 @@ from models.gqa_llm.model import (
     with_pretransposed_weights,
     with_scaled_norms,
 )
+
+from conftest import convert_with_target, real_weights_required
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_CONTEXT = 64
@@ -60,7 +64,7 @@ def tiny_prompt(tiny_dir) -> list[int]:
 
 @pytest.fixture(scope="module")
 def tiny_reference_stream(tiny_ref, tiny_prompt) -> gen.Stream:
-    return gen.greedy(gen.hf_step(tiny_ref), tiny_prompt, TINY_NEW_TOKENS)
+    return gen.greedy(hf_step(tiny_ref), tiny_prompt, TINY_NEW_TOKENS)
 
 
 def stateful_eager_step(module: CoreAIStatefulLM) -> gen.StepFn:
@@ -271,12 +275,9 @@ def test_gate_fails_on_wrong_length_prompt(tiny_lm, tiny_prompt, tiny_reference_
 # --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_aimodel(tiny_lm, tmp_path_factory) -> Path:
-    from models.gqa_llm import export_coreai
+    from models.gqa_llm.model import coreai_entries
 
-    from zoo.targets.coreai import CoreAITarget
-
-    program = export_coreai.convert(tiny_lm, TINY_CONTEXT)
-    return CoreAITarget().save(program, tmp_path_factory.mktemp("coreai"), {})
+    return convert_with_target("coreai", coreai_entries(tiny_lm, TINY_CONTEXT), tmp_path_factory.mktemp("coreai"))
 
 
 def test_coreai_tiny_token_exact(tiny_aimodel, tiny_prompt, tiny_reference_stream):
@@ -337,10 +338,10 @@ def test_coreai_context_limits(tiny_aimodel):
 # --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_tflite(tiny_lm, tmp_path_factory) -> Path:
-    from models.gqa_llm import export_litert
+    from models.gqa_llm.model import litert_entries
 
-    return export_litert.convert(tiny_lm, TINY_CONTEXT, TINY_PREFILL,
-                                 out_path=tmp_path_factory.mktemp("litert") / "gqa-llm-tiny.tflite")
+    return convert_with_target("litert", litert_entries(tiny_lm, TINY_CONTEXT, TINY_PREFILL),
+                               tmp_path_factory.mktemp("litert"))
 
 
 def test_litert_tiny_token_exact(tiny_tflite, tiny_prompt, tiny_reference_stream):
@@ -417,6 +418,8 @@ def smollm2_dir() -> Path:
     try:
         return W.ensure_smollm2(cache / "smollm2-135m-instruct")
     except W.WeightsUnavailable as e:
+        if real_weights_required():
+            pytest.fail(f"real weights required (ZOO_REQUIRE_REAL_WEIGHTS=1) but unavailable: {e}")
         pytest.skip(str(e))
 
 
@@ -426,7 +429,7 @@ def smollm2(smollm2_dir):
     ref = W.load_reference(smollm2_dir)
     tok = W.load_tokenizer(smollm2_dir)
     prompt = tok(gen.DEFAULT_PROMPT).input_ids
-    stream = gen.greedy(gen.hf_step(ref), prompt, gen.DEFAULT_NEW_TOKENS)
+    stream = gen.greedy(hf_step(ref), prompt, gen.DEFAULT_NEW_TOKENS)
     return lm, ref, tok, prompt, stream
 
 
@@ -443,18 +446,17 @@ def test_smollm2_eager_parity(smollm2):
     with torch.no_grad():
         forced = lm(torch.tensor([prompt + ref_stream.tokens[:-1]]))[0, len(prompt) - 1 :].numpy()
     assert forced.argmax(-1).tolist() == ref_stream.tokens
-    assert min(gen.cosine(a, b) for a, b in zip(forced, ref_stream.logits)) >= 0.999999
+    assert min(gates.cosine(a, b) for a, b in zip(forced, ref_stream.logits)) >= 0.999999
     assert tok.decode(ref_stream.tokens).startswith(" G, H, I, J")
 
 
 @pytest.mark.real_weights
 def test_smollm2_coreai_fp32_token_exact(smollm2, tmp_path):
     from models.gqa_llm import export_coreai
+    from models.gqa_llm.model import coreai_entries
 
     lm, _, tok, prompt, ref_stream = smollm2
-    from zoo.targets.coreai import CoreAITarget
-
-    path = CoreAITarget().save(export_coreai.convert(lm, REAL_CONTEXT), tmp_path, {})
+    path = convert_with_target("coreai", coreai_entries(lm, REAL_CONTEXT), tmp_path)
     with export_coreai.CoreAISession(path) as session:
         cand = gen.greedy(session.step, prompt, gen.DEFAULT_NEW_TOKENS)
     result = gen.token_exact_gate(ref_stream, cand, decode=tok.decode, prompt_text=gen.DEFAULT_PROMPT)
@@ -464,10 +466,10 @@ def test_smollm2_coreai_fp32_token_exact(smollm2, tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2_tflite(smollm2, tmp_path_factory) -> Path:
-    from models.gqa_llm import export_litert
+    from models.gqa_llm.model import litert_entries
 
-    return export_litert.convert(smollm2[0], REAL_CONTEXT, REAL_PREFILL,
-                                 out_path=tmp_path_factory.mktemp("smollm2") / "smollm2.tflite")
+    return convert_with_target("litert", litert_entries(smollm2[0], REAL_CONTEXT, REAL_PREFILL),
+                               tmp_path_factory.mktemp("smollm2"))
 
 
 @pytest.mark.real_weights

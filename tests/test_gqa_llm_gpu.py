@@ -55,9 +55,10 @@ def tiny_lm(tmp_path_factory):
 def gpu_check_tiny(lm, tmp_path, scaled_norms: bool):
     from zoo.targets.litert_gpu import gpu_check
 
-    from models.gqa_llm import export_litert
+    from conftest import convert_with_target
+    from models.gqa_llm.model import litert_entries
 
-    path = export_litert.convert(lm, CONTEXT, PREFILL, scaled_norms=scaled_norms, out_path=tmp_path / "tiny.tflite")
+    path = convert_with_target("litert", litert_entries(lm, CONTEXT, PREFILL, scaled_norms), tmp_path)
     return gpu_check(path, realistic_inputs(path), timeout_s=400)
 
 

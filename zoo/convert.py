@@ -2,19 +2,27 @@
 
 One model through the requested targets; prints a line per stage and a summary table; exits 0 only if
 every bundle passed its gates (1: a gate failed; 2: bad input or a failed stage).
+
+A Hydra multirun (`-m model=t5 precision=fp32,int8 hydra/launcher=zoo_joblib`) runs each combination as a
+job, in parallel processes with the joblib launcher (configs/hydra/launcher/zoo_joblib.yaml: as many at
+once as cores and memory allow). Every job runs to its end; the exit status is the worst job's.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 import zoo.quiet  # noqa: F401  (before the toolchains are imported)
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from rich.markup import escape
 
 from zoo.console import Console
 from zoo.errors import ZooError
-from zoo.registry import CONFIG_DIR, check_choices
+from zoo.registry import CONFIG_DIR, check_choices, register_model_configs
 
 
 def run(cfg: DictConfig, console: Console | None = None) -> int:
@@ -29,7 +37,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     if any(r.status == "error" for r in results):
         for r in results:
             if r.error:
-                console.rich.print(f"[red]{r.target}-{r.precision}:[/] {r.error}")
+                console.rich.print(f"[red]{r.target}-{r.precision}:[/] {escape(r.error)}")
         return 2
     if not all(r.ok for r in results):
         console.rich.print("[red]A gate failed:[/] the failing bundle is kept in <bundle>.failed/ for inspection; "
@@ -38,25 +46,59 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     return 0
 
 
+STATUS_DIR_ENV = "ZOO_MULTIRUN_STATUS_DIR"  # where multirun jobs leave their exit codes for the parent
+
+
+def parallel_bundles(gb_per_bundle: str | None = None) -> int:
+    """How many bundles fit at once here: min(cores, available RAM / RAM per bundle), at least 1."""
+    import psutil
+
+    gb = float(gb_per_bundle or os.environ.get("ZOO_BUNDLE_GB", 4))
+    by_memory = int(psutil.virtual_memory().available / (gb * 2**30))
+    return max(1, min(os.cpu_count() or 1, by_memory))
+
+
+OmegaConf.register_new_resolver("zoo_parallel_bundles", parallel_bundles, replace=True)
+
+
+def _record_job_status(code: int) -> None:
+    folder = os.environ.get(STATUS_DIR_ENV)
+    if folder:
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".code") as f:
+            f.write(str(code))
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="convert")
 def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     console = Console()
     try:
         code = run(cfg, console)
     except ZooError as exc:
         console.error(exc)
         code = exc.exit_code
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        _record_job_status(code)  # a failing job must not cancel the others: the parent exits with the worst
+        return
     if code:
         sys.exit(code)
 
 
 def main() -> None:
     try:
+        register_model_configs()
         check_choices(sys.argv[1:])
     except ZooError as exc:
         Console().error(exc)
         sys.exit(exc.exit_code)
-    _hydra_main()
+    with tempfile.TemporaryDirectory(prefix="zoo-multirun-") as status_dir:
+        os.environ[STATUS_DIR_ENV] = status_dir
+        _hydra_main()
+        codes = [int(p.read_text() or 1) for p in Path(status_dir).glob("*.code")]
+    if codes and max(codes):
+        sys.exit(max(codes))
 
 
 if __name__ == "__main__":

@@ -1,24 +1,34 @@
 """Metric registry and gate evaluation: does the converted artifact match its reference?
 
-Each metric is a plain function of (candidate, reference) arrays with a one-line explanation and a
+Each metric is a plain function of (candidate, reference) with a one-line explanation and a
 direction, so a gate table reads like a sentence: "cosine 0.999998 >= 0.9999: pass". Thresholds live
 in each model's config, per precision; `evaluate` turns them into results for the report.
+
+Every metric has its function here, whatever it compares: arrays (cosine, PSNR, ...), greedy token
+streams (token_exact, token_agreement, min_logits_cosine: anything with `prompt_ids`, `tokens` and
+per-step `logits`, see zoo/generation.py), or a LiteRT GPU check (gpu_resident, gpu_checked; its
+per-output errors are the array metrics applied to GPU vs CPU outputs). The one rule for all of them:
+NaN anywhere fails its gate and shows as NaN — never skipped, never averaged away.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
+
+KNIFE_EDGE_MARGIN = 0.1  # a reference top-2 logit margin below this is a tie any rounding may flip
+GPU_FP16_COSINE_FLOOR = 0.99  # the GPU's fp16 run must at least point the same way, whatever the tolerance
 
 
 @dataclass(frozen=True)
 class Metric:
     name: str
-    fn: Callable[[np.ndarray, np.ndarray], float] | None
+    fn: Callable[[Any, Any], float]
     higher_is_better: bool
     explains: str
+    compares: str = "arrays"  # arrays | token streams | a GPU check
 
 
 def _as64(x) -> np.ndarray:
@@ -54,6 +64,98 @@ def psnr(candidate, reference) -> float:
     return 10.0 * np.log10(peak**2 / mse) if peak > 0 else float("-inf")
 
 
+# ---------------------------------------------------------------- token streams (greedy generation)
+
+
+def stream_is_finite(stream) -> bool:
+    return all(np.all(np.isfinite(np.asarray(lg, dtype=np.float64))) for lg in stream.logits)
+
+
+def first_divergence(candidate, reference) -> int | None:
+    """Index of the first generated token that differs (a shorter stream differs where it ends)."""
+    for i, (r, c) in enumerate(zip(reference.tokens, candidate.tokens)):
+        if r != c:
+            return i
+    if len(candidate.tokens) != len(reference.tokens):
+        return min(len(candidate.tokens), len(reference.tokens))
+    return None
+
+
+def top2_margin(logits) -> float:
+    top2 = np.partition(np.asarray(logits, dtype=np.float64).ravel(), -2)[-2:]
+    return float(top2[1] - top2[0])
+
+
+def logits_cosines(candidate, reference) -> list[float]:
+    """Per-step logits cosine while both streams have seen the same context (up to and including the
+    first divergence)."""
+    first = first_divergence(candidate, reference)
+    shared = len(reference.logits) if first is None else first + 1
+    return [cosine(c, r) for r, c in zip(reference.logits[:shared], candidate.logits)]
+
+
+def nan_min(values) -> float:
+    """min that NaN poisons (Python's min skips a NaN that is not first: min([0.9, nan, 0.5]) == 0.5)."""
+    values = [float(v) for v in values]
+    if not values or any(v != v for v in values):
+        return float("nan")
+    return min(values)
+
+
+def nan_max(values) -> float:
+    values = [float(v) for v in values]
+    if not values or any(v != v for v in values):
+        return float("nan")
+    return max(values)
+
+
+def token_exact(candidate, reference, knife_edge: float = KNIFE_EDGE_MARGIN) -> float:
+    """1 if the greedy tokens are the reference's, or first differ where the reference's own top-2
+    margin is below `knife_edge`; else 0. NaN if the candidate's logits are non-finite anywhere."""
+    if not stream_is_finite(candidate):
+        return float("nan")
+    if candidate.prompt_ids != reference.prompt_ids or len(candidate.tokens) != len(reference.tokens):
+        return 0.0
+    first = first_divergence(candidate, reference)
+    if first is None:
+        return 1.0
+    return 1.0 if top2_margin(reference.logits[first]) < knife_edge else 0.0
+
+
+def token_agreement(candidate, reference) -> float:
+    """Fraction of the reference's tokens generated identically before the first divergence. NaN if
+    the candidate's logits are non-finite anywhere (a stream that goes NaN at token 12 is broken,
+    whatever its first 12 tokens were)."""
+    if not stream_is_finite(candidate):
+        return float("nan")
+    if candidate.prompt_ids != reference.prompt_ids:
+        return 0.0
+    first = first_divergence(candidate, reference)
+    agreed = len(reference.tokens) if first is None else first
+    return agreed / max(1, len(reference.tokens))
+
+
+def min_logits_cosine(candidate, reference) -> float:
+    """Lowest per-step logits cosine while the contexts are shared; NaN if any is NaN or the candidate
+    is non-finite anywhere."""
+    if not stream_is_finite(candidate):
+        return float("nan")
+    return nan_min(logits_cosines(candidate, reference))
+
+
+# ---------------------------------------------------------------- LiteRT GPU check (zoo/targets/litert_gpu.py)
+
+
+def gpu_resident(check: dict, _reference=None) -> float:
+    """1 if the delegate took every op GPU-only, 0 if it refused, NaN if the check did not run."""
+    return {"accepted": 1.0, "rejected": 0.0}.get(check.get("status"), float("nan"))
+
+
+def gpu_checked(check: dict, _reference=None) -> float:
+    """1 if the GPU check ran to a verdict (accepted or rejected), 0 if it could not run."""
+    return 1.0 if check.get("status") in ("accepted", "rejected") else 0.0
+
+
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
@@ -61,16 +163,21 @@ METRICS: dict[str, Metric] = {
         Metric("psnr", psnr, True, "peak signal-to-noise ratio in dB, peak = reference max - min"),
         Metric("max_abs", max_abs, False, "largest absolute elementwise difference"),
         Metric("rel_max_abs", rel_max_abs, False, "largest absolute difference divided by max |reference|"),
-        # Judged by the LiteRT GPU check (zoo/targets/litert_gpu.py), not computed from two arrays here:
-        Metric("gpu_resident", None, True, "1 if the GPU delegate took every op GPU-only, 0 if not (NaN: not run)"),
-        Metric("gpu_fp32_rel_err", None, False, "GPU (enforced fp32) vs CPU interpreter: max-abs / max |CPU|"),
-        # Judged by greedy generation on the artifact (models/gqa_llm/generation.py):
-        Metric("token_exact", None, True, "1 if the greedy tokens equal the reference's, or first differ at a "
-                                          "knife-edge tie (reference top-2 margin < 0.1); else 0"),
-        Metric("token_agreement", None, True, "fraction of generated tokens equal to the reference before the "
-                                              "first divergence"),
-        Metric("min_logits_cosine", None, True, "lowest per-step logits cosine vs the reference while both "
-                                                "streams share the same context"),
+        Metric("token_exact", token_exact, True, "1 if the greedy tokens equal the reference's, or first differ at a "
+               f"knife-edge tie (reference top-2 margin < {KNIFE_EDGE_MARGIN}); else 0", "token streams"),
+        Metric("token_agreement", token_agreement, True, "fraction of generated tokens equal to the reference "
+               "before the first divergence", "token streams"),
+        Metric("min_logits_cosine", min_logits_cosine, True, "lowest per-step logits cosine vs the reference "
+               "while both streams share the same context", "token streams"),
+        Metric("gpu_resident", gpu_resident, True, "1 if the GPU delegate took every op GPU-only, 0 if not "
+               "(NaN: not run)", "a GPU check"),
+        Metric("gpu_checked", gpu_checked, True, "1 if the LiteRT GPU check ran to a verdict, 0 if it could not "
+               "run (required under ZOO_REQUIRE_GPU_CHECK=1)", "a GPU check"),
+        Metric("gpu_fp32_rel_err", rel_max_abs, False, "GPU (enforced fp32) vs CPU interpreter: max-abs / max |CPU|"),
+        Metric("gpu_fp16_rel_err", rel_max_abs, False, "GPU computing in fp16 (the phone default) vs CPU "
+               "interpreter: max-abs / max |CPU|"),
+        Metric("gpu_fp16_cosine", cosine, True, "GPU computing in fp16 vs CPU interpreter: cosine; below "
+               f"{GPU_FP16_COSINE_FLOOR} always fails"),
     )
 }
 
@@ -96,6 +203,16 @@ def check_value(metric: str, value: float, threshold: float) -> bool:
     return bool(value <= threshold)
 
 
+def measure(metric: str, candidate, reference) -> float:
+    """One metric on one output; a missing or misshapen candidate is NaN (which fails)."""
+    if candidate is None:
+        return float("nan")
+    if isinstance(reference, np.ndarray) and np.shape(candidate) != np.shape(reference):
+        return float("nan")
+    value = float(METRICS[metric].fn(candidate, reference))
+    return value
+
+
 def evaluate(
     candidates: dict[str, np.ndarray], references: dict[str, np.ndarray], thresholds: dict[str, float]
 ) -> list[GateResult]:
@@ -106,34 +223,74 @@ def evaluate(
     for output, reference in references.items():
         candidate = candidates.get(output)
         for metric, threshold in thresholds.items():
-            if metric not in METRICS or METRICS[metric].fn is None:
+            if metric not in METRICS:
                 raise KeyError(f"unknown gate metric '{metric}'; known: {', '.join(METRICS)}")
-            if candidate is None or np.shape(candidate) != np.shape(reference):
-                value = float("nan")
-            else:
-                value = METRICS[metric].fn(candidate, reference)
+            value = measure(metric, candidate, reference)
             results.append(GateResult(output, metric, value, float(threshold), check_value(metric, value, threshold)))
     return results
 
 
-def gpu_gates(check: dict, precision: str, require_resident: list[str], fp32_rel_tol: float) -> list[GateResult]:
-    """Gates from a GPU check, for precisions whose bundles must run on the GPU.
+def _value(x) -> float:
+    """A number from a GPU-check JSON field ("nan"/"inf" strings included); anything else is NaN."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    return float(x) if x in ("nan", "inf", "-inf") else float("nan")
 
-    Residency and fp32 agreement are both required: the delegate accepts some graphs it then computes
-    wrongly even in fp32 (toolchain.md §3.2). A check that could not run is NaN, which never passes.
+
+def gpu_gates(check: dict, precision: str, policy: "GpuPolicy") -> list[GateResult]:
+    """Gates from a LiteRT GPU check under a model's GPU policy for this precision.
+
+    - `policy.require_resident`: the delegate must take every op, and every output must match the CPU
+      in enforced fp32 (the delegate accepts some graphs it computes wrongly even in fp32, toolchain.md
+      §3.2) *and* in fp16 — the GPU's default, what phones run — unless the model declares this
+      precision fp32-only on the GPU (`policy.fp32_only`), which the bundle's status then says.
+    - fp16, whenever it ran: non-finite output or cosine below GPU_FP16_COSINE_FLOOR fails, always.
+    - `policy.require_check` (CI: ZOO_REQUIRE_GPU_CHECK=1): a check that could not run fails.
+    A check that could not run is NaN, which never passes.
     """
-    if precision not in require_resident:
-        return []
-    status = check["status"]
-    resident = {"accepted": 1.0, "rejected": 0.0}.get(status, float("nan"))
-    results = [GateResult("gpu", "gpu_resident", resident, 1.0, check_value("gpu_resident", resident, 1.0))]
-    for signature, outputs in (check.get("outputs") or {}).items():
-        for name, errors in outputs.items():
-            err = errors.get("fp32_rel_err")
-            value = float(err) if isinstance(err, (int, float)) or err in ("nan", "inf") else float("nan")
-            results.append(GateResult(f"gpu:{signature}/{name}", "gpu_fp32_rel_err", value, fp32_rel_tol,
-                                      check_value("gpu_fp32_rel_err", value, fp32_rel_tol)))
+    results = []
+    if policy.require_check:
+        value = gpu_checked(check)
+        results.append(GateResult("gpu", "gpu_checked", value, 1.0, check_value("gpu_checked", value, 1.0)))
+    outputs = [(f"gpu:{sig}/{name}", errors) for sig, outs in (check.get("outputs") or {}).items()
+               for name, errors in outs.items()]
+    if policy.require_resident:
+        value = gpu_resident(check)
+        results.append(GateResult("gpu", "gpu_resident", value, 1.0, check_value("gpu_resident", value, 1.0)))
+        for label, errors in outputs:
+            results.append(_threshold_gate(label, "gpu_fp32_rel_err", errors.get("fp32_rel_err"), policy.fp32_rel_tol))
+    if check.get("status") != "accepted" or policy.fp32_only:
+        return results
+    for label, errors in outputs:
+        floor = max(GPU_FP16_COSINE_FLOOR, policy.fp16_min_cosine or 0.0)
+        results.append(_threshold_gate(label, "gpu_fp16_cosine", errors.get("fp16_cosine"), floor))
+        if policy.require_resident and policy.fp16_rel_tol is not None:
+            results.append(_threshold_gate(label, "gpu_fp16_rel_err", errors.get("fp16_rel_err"), policy.fp16_rel_tol))
     return results
+
+
+def _threshold_gate(label: str, metric: str, raw, threshold: float) -> GateResult:
+    value = _value(raw)
+    return GateResult(label, metric, value, float(threshold), check_value(metric, value, threshold))
+
+
+@dataclass(frozen=True)
+class GpuPolicy:
+    """What a model asks of the LiteRT GPU delegate at one precision (from its config's `gpu:` block)."""
+
+    check: bool = True
+    require_resident: bool = False
+    fp32_rel_tol: float = 1e-3
+    fp16_rel_tol: float | None = None
+    fp16_min_cosine: float | None = None
+    fp32_only: str | None = None     # why this precision is only right with enforce_f32 (None: fp16 is gated)
+    require_check: bool = False      # ZOO_REQUIRE_GPU_CHECK=1: a check that could not run fails
+
+
+def worst(results: list[GateResult], metric: str) -> float:
+    """Worst value of one metric over outputs/prompts/signatures; NaN if any is NaN."""
+    values = [g.value for g in results if g.metric == metric]
+    return nan_min(values) if METRICS[metric].higher_is_better else nan_max(values)
 
 
 def all_passed(results: list[GateResult]) -> bool:

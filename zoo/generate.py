@@ -1,12 +1,15 @@
-"""`python -m zoo.generate gqa-llm --bundle PATH --prompt "..."`: stream text from a converted bundle.
+"""`python -m zoo.generate --bundle PATH --prompt "..."`: stream text from a converted bundle.
 
-Runs the bundle itself (Core AI CPU runtime or LiteRT CPU interpreter, whichever it holds) with greedy
-decoding and the tokenizer shipped inside the bundle.
+Runs the bundle itself (Core AI CPU runtime or LiteRT CPU interpreter, whichever its manifest names)
+with greedy decoding and the tokenizer shipped inside the bundle. Which bundles can generate is read from
+the manifest (`session: generative`, written by the pipeline from the component's declaration), and the
+session that drives it is the component's own `session` hook: no model names here.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -14,25 +17,19 @@ from pathlib import Path
 import zoo.quiet  # noqa: F401
 from zoo.errors import ZooError
 
-GENERATIVE = {"gqa-llm"}
-
-
-def bundle_target(bundle: Path) -> str:
-    if (bundle / "model.aimodel").is_dir():
-        return "coreai"
-    if (bundle / "model.tflite").is_file():
-        return "litert"
-    raise ZooError(f"{bundle} holds no model.aimodel or model.tflite.",
-                   "pass the bundle folder made by `make convert MODEL=gqa-llm` (e.g. exports/gqa-llm/coreai-fp32).")
-
-
-def read_manifest(bundle: Path, model: str) -> dict:
+def read_manifest(bundle: Path, model: str | None = None) -> dict:
     path = bundle / "manifest.json"
     if not path.is_file():
-        raise ZooError(f"{bundle} has no manifest.json: not a zoo bundle.", "convert it with `make convert MODEL=gqa-llm`.")
+        raise ZooError(f"{bundle} has no manifest.json: not a zoo bundle.",
+                       "pass a bundle folder made by `zoo convert` (e.g. exports/gqa-llm/coreai-fp32).")
     manifest = json.loads(path.read_text())
-    if manifest.get("model") != model:
+    if model and manifest.get("model") != model:
         raise ZooError(f"{bundle} is a '{manifest.get('model')}' bundle, not '{model}'.", f"pass a {model} bundle.")
+    if manifest.get("session") != "generative":
+        raise ZooError(f"{bundle} holds a '{manifest.get('model')}' {manifest.get('component')} bundle, which does "
+                       "not generate text (its manifest's session is "
+                       f"'{manifest.get('session', 'one_shot')}').",
+                       "pass a bundle of a generative model (`zoo list` shows them), e.g. exports/gqa-llm/coreai-fp32.")
     return manifest
 
 
@@ -45,22 +42,31 @@ def load_bundle_tokenizer(bundle: Path, override: str | None):
     return AutoTokenizer.from_pretrained(folder)
 
 
-def open_session(bundle: Path, target: str):
-    if target == "coreai":
-        from models.gqa_llm.export_coreai import CoreAISession
+@contextlib.contextmanager
+def open_session(bundle: Path, manifest: dict):
+    """The bundle's artifact on its target's runner, driven by its component's own session."""
+    from zoo.registry import get_spec, load_model_config
+    from zoo.targets import get_target
 
-        return CoreAISession(bundle / "model.aimodel")
-    from models.gqa_llm.export_litert import LiteRTSession
-
-    return LiteRTSession(bundle / "model.tflite")
+    component = get_spec(load_model_config(manifest["model"])).component(manifest["component"])
+    target = get_target(manifest["target"])
+    artifact = bundle / target.artifact
+    if not artifact.exists():
+        raise ZooError(f"{bundle} holds no {target.artifact}.", "pass a complete bundle folder made by `zoo convert`.")
+    runner = target.open(artifact)
+    try:
+        with component.session(runner, target.name) as session:
+            yield session
+    finally:
+        runner.close()
 
 
 def generate(bundle: Path, prompt: str, max_new_tokens: int, tokenizer_path: str | None = None,
-             model: str = "gqa-llm", out=sys.stdout) -> list[int]:
+             model: str | None = None, out=sys.stdout) -> list[int]:
     """Greedy tokens after the prompt, written to `out` as they come."""
     import numpy as np
 
-    from models.gqa_llm.generation import ContextOverflow
+    from zoo.generation import ContextOverflow
 
     manifest = read_manifest(bundle, model)
     if manifest.get("status") != "passed":
@@ -68,7 +74,7 @@ def generate(bundle: Path, prompt: str, max_new_tokens: int, tokenizer_path: str
     tokenizer = load_bundle_tokenizer(bundle, tokenizer_path)
     ids = tokenizer(prompt)["input_ids"]
     tokens: list[int] = []
-    with open_session(bundle, bundle_target(bundle)) as session:
+    with open_session(bundle, manifest) as session:
         try:
             logits = session.step(ids, 0)
             if len(logits) != len(tokenizer):
@@ -96,7 +102,7 @@ def generate(bundle: Path, prompt: str, max_new_tokens: int, tokenizer_path: str
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=sorted(GENERATIVE))
+    parser.add_argument("model", nargs="?", help="optional: refuse a bundle of any other model")
     parser.add_argument("--bundle", required=True, type=Path)
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max-new-tokens", type=int, default=32)

@@ -13,6 +13,7 @@ import gc
 import platform
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,13 +26,9 @@ from zoo.bundle import MANIFEST, REPORT, BundleWriter, ensure_writable, file_has
 from zoo.errors import ZooError
 from zoo.precision import Precision, resolve_precision
 from zoo.registry import Component, ModelSpec, get_spec
+from zoo.schema import BundleStatus, StageOutcome
 from zoo.stages import StageLog
 from zoo.targets import Entry, get_target
-
-COMPRESSION_SKIPPED = {
-    "coreai": "no compression pass at this precision (graph optimization always runs inside to_coreai on coreai-torch 0.4.3)",
-    "litert": "no post-conversion quantization at fp32",
-}
 
 
 @dataclass
@@ -40,16 +37,23 @@ class BundleResult:
     component: str
     target: str
     precision: str
-    status: str  # passed | gate_failed | error
+    status: BundleStatus
     path: Path | None
     gates: list = field(default_factory=list)
     stages: list = field(default_factory=list)
     error: str = ""
     bytes: int = 0
+    note: str = ""        # what the status must carry, e.g. "GPU: not checked — <reason>"
+    traceback: str = ""   # a bug (not a ZooError) in a stage: the full traceback, also in report.json
 
     @property
     def ok(self) -> bool:
-        return self.status == "passed"
+        return self.status == BundleStatus.PASSED
+
+    @property
+    def status_text(self) -> str:
+        """`passed (GPU: not checked — no Vulkan adapter)`: the status with everything it must say."""
+        return f"{self.status} ({self.note})" if self.note else str(self.status)
 
 
 @dataclass
@@ -57,6 +61,7 @@ class VerifyContext:
     """What a gate needs: the saved artifact's runner and the reference's answers on the same inputs."""
 
     runner: object
+    session: object   # the component's session over `runner`
     target: str
     inputs: dict[str, np.ndarray]
     reference_outputs: dict[str, np.ndarray]
@@ -67,7 +72,9 @@ class VerifyContext:
 
 
 def default_verify(ctx: VerifyContext) -> tuple[list, dict]:
-    outputs = ctx.runner.run("main", ctx.inputs)
+    """The config's thresholds on every output of one call through the component's session."""
+    with ctx.session as session:
+        outputs = session.run(ctx.inputs)
     return gates.evaluate(outputs, ctx.reference_outputs, ctx.thresholds), {"outputs": io_contract(outputs)}
 
 
@@ -100,18 +107,21 @@ def resolve_all_precisions(cfg, targets: list[str], requested: str, force: bool)
 
 
 def convert_model(cfg, targets: list[str], precision: str = "default", force_precision: bool = False,
-                  out_dir: Path = Path("exports"), console=None, weights_spec: str | None = None) -> list[BundleResult]:
-    """Every component of one model through every requested target. Returns one result per bundle."""
+                  out_dir: Path = Path("exports"), console=None, weights_spec: str | None = None,
+                  components: list[str] | None = None) -> list[BundleResult]:
+    """Every component (or the named ones) of one model through every requested target. Returns one
+    result per bundle."""
     spec = get_spec(cfg)
+    selected = [spec.component(n) for n in components] if components else spec.components
     precisions = resolve_all_precisions(cfg, targets, precision, force_precision)
     ensure_writable(Path(out_dir))
-    shared = StageLog(on_finish=console.stage if console else None)
+    shared = StageLog(**(console.stage_log_hooks() if console else {}))
     with shared.stage("resolve_weights") as record:
         checkpoint = weights.resolve(cfg, weights_spec or cfg.weights, spec.tiny_dir, spec.random_checkpoint,
-                                     embedded=spec.meta.get("embedded"))
+                                     embedded=spec.embedded)
         record.note = f"source={checkpoint.source}"
     results = []
-    for component in spec.components:
+    for component in selected:
         with shared.stage(f"build:{component.name}"):
             module = component.build(checkpoint, cfg)
             reference = component.reference(checkpoint, cfg)
@@ -137,31 +147,29 @@ def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_o
     target = get_target(target_name)
     final = bundle_path(out_dir, spec, component, target_name, precision.name)
     writer = BundleWriter(final)
-    log = StageLog(on_finish=console.stage if console else None)
+    log = StageLog(**(console.stage_log_hooks() if console else {}))
     report = {
         "model": spec.name, "component": component.name, "target": target_name, "precision": precision.name,
         "weights": _weights_summary(checkpoint), "port_parity_cosine": port_parity,
         "model_config": config_snapshot(cfg),  # thresholds, lengths, options: what this bundle was made with
         "created_unix": int(time.time()), "status": "running",
     }
-    result = BundleResult(spec.name, component.name, target_name, precision.name, "error", None)
+    result = BundleResult(spec.name, component.name, target_name, precision.name, BundleStatus.ERROR, None)
     try:
         with tempfile.TemporaryDirectory(prefix="zoo-scratch-") as scratch:
-            gate_results, details = _stages(target, component, cfg, checkpoint, module, inputs, reference_outputs,
-                                            precision, Path(scratch), writer.staging, log)
+            gate_results, details, note = _stages(target, component, cfg, checkpoint, module, inputs,
+                                                  reference_outputs, precision, Path(scratch), writer.staging, log)
         report.update(details)
-        result.gates = gate_results
-        result.status = "passed" if gates.all_passed(gate_results) else "gate_failed"
+        result.gates, result.note = gate_results, note
+        result.status = BundleStatus.PASSED if gates.all_passed(gate_results) else BundleStatus.GATE_FAILED
     except KeyboardInterrupt:
         writer.discard()  # the live bundle was never touched
         raise
     except Exception as exc:  # a failed stage: record it, keep the evidence, never touch the live bundle
-        failed = next((r for r in log.records if r.outcome == "failed"), None)
-        result.error = f"stage '{failed.name if failed else '?'}' failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        if isinstance(exc, ZooError):
-            result.error += f" Fix: {exc.fix}"
-    report.update(status=result.status, error=result.error, gates=gates.as_dicts(result.gates),
-                  stages=shared.as_dicts() + log.as_dicts())
+        result.error, result.traceback = describe_failure(exc, log)
+    report.update(status=str(result.status), status_note=result.note, error=result.error,
+                  traceback=result.traceback, session=_session_kind(component),
+                  gates=gates.as_dicts(result.gates), stages=shared.as_dicts() + log.as_dicts())
     result.stages = report["stages"]
     write_json(writer.staging / REPORT, report)
     write_json(writer.staging / MANIFEST, _manifest(report, checkpoint, target, inputs, writer.staging))
@@ -170,12 +178,30 @@ def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_o
     return result
 
 
+def describe_failure(exc: BaseException, log: StageLog) -> tuple[str, str]:
+    """(one-paragraph error, traceback). A ZooError is bad input or a known limit: its message and fix,
+    no traceback. Anything else is a bug: the first line here, the whole traceback kept for report.json
+    (and printed with ZOO_DEBUG=1)."""
+    failed = next((r for r in log.records if r.outcome == StageOutcome.FAILED), None)
+    stage = failed.name if failed else "?"
+    if isinstance(exc, ZooError):
+        return f"stage '{stage}' failed: {exc.problem} Fix: {exc.fix}", ""
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    error = (f"stage '{stage}' failed: {type(exc).__name__}: {first_line} (a bug: the full traceback is in "
+             f"the bundle's report.json; ZOO_DEBUG=1 prints it)")
+    return error, "".join(traceback.format_exception(exc))
+
+
+def _session_kind(component: Component) -> str:
+    return "generative" if component.generative else "one_shot"
+
+
 def _stages(target, component, cfg, checkpoint, module, inputs, reference_outputs, precision, scratch, staging, log):
     prepared = target.prepare(module, precision, cfg.get(target.name))
     entries = (component.entries(prepared, inputs, target.name, cfg) if component.entries
                else [Entry("main", prepared, dict(inputs), list(component.output_names))])
-    if target.name == "litert":
-        log.skip("export", "litert_torch.convert runs torch.export itself; its time is counted under convert")
+    if target.export_skip_reason:
+        log.skip("export", target.export_skip_reason)
         exported = None
     else:
         with log.stage("export"):
@@ -184,10 +210,14 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         artifact = target.convert(entries, exported, scratch)
     del exported
     with log.stage("optimize") as record:
-        artifact, note = target.compress(artifact, precision, scratch, **_compress_options(cfg))
-        record.outcome, record.note = ("ok", note) if note else ("skipped", COMPRESSION_SKIPPED[target.name])
+        artifact, note = target.compress(artifact, precision, scratch, **_compress_options(cfg),
+                                         progress=record.progress)
+        record.outcome, record.note = ((StageOutcome.OK, note) if note
+                                       else (StageOutcome.SKIPPED, target.compression_skipped))
     with log.stage("save"):
         path = target.save(artifact, staging, {"author": "zoo", "description": f"{cfg.name} {component.name}"})
+        if component.extra_files:
+            component.extra_files(checkpoint, cfg, staging)
     entry_inputs = {e.name: to_numpy(e.inputs) for e in entries}
     function_names = list(entry_inputs)
     del artifact, prepared, entries
@@ -195,8 +225,8 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
     with log.stage("verify") as record:
         runner = target.open(path)
         try:
-            ctx = VerifyContext(runner, target.name, to_numpy(inputs), reference_outputs, _thresholds(cfg, precision),
-                                checkpoint, cfg, staging)
+            ctx = VerifyContext(runner, component.session(runner, target.name), target.name, to_numpy(inputs),
+                                reference_outputs, _thresholds(cfg, precision), checkpoint, cfg, staging)
             verify = component.verify or default_verify
             gate_results, details = verify(ctx)
         finally:
@@ -204,33 +234,8 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         record.note = "; ".join(g.describe() for g in gate_results)
     details.setdefault("inputs", io_contract(to_numpy(inputs)))
     details["functions"] = function_names
-    if target.name == "litert":
-        gate_results += _gpu_stage(path, entry_inputs, cfg, precision, details, log)
-    return gate_results, details
-
-
-def _gpu_stage(path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict, log: StageLog) -> list:
-    """LiteRT GPU delegate on software Vulkan: residency with the delegate's reasons, fp32 and fp16 error."""
-    gpu_cfg = cfg.get("gpu") or {}
-    if not gpu_cfg.get("check", True):
-        log.skip("gpu_check", "disabled by configuration (model.gpu.check=false)")
-        details["gpu"] = {"status": "not_run", "reason": "disabled by configuration (model.gpu.check=false)"}
-        return []
-    from zoo.targets.litert_gpu import gpu_check
-
-    with log.stage("gpu_check") as record:
-        check = gpu_check(path, entry_inputs).to_dict()
-        details["gpu"] = check
-        if check["status"] == "not_run":
-            record.outcome = "skipped"
-            record.note = f"NOT RUN: {check['reason']}"
-        else:
-            rejected = ", ".join(f"{o['op']} ({o['reason']})" for o in check["rejected_ops"])
-            errors = [f"{mode} rel err {e[f'{mode}_rel_err']:.2g}" for outs in check["outputs"].values()
-                      for e in outs.values() for mode in ("fp32", "fp16") if isinstance(e.get(f"{mode}_rel_err"), float)]
-            record.note = check["status"] + (f": {rejected}" if rejected else "") + (f"; {', '.join(errors)}" if errors else "")
-    tolerance = (gpu_cfg.get("fp32_rel_tol") or {}).get(precision.name, 1e-3)
-    return gates.gpu_gates(check, precision.name, list(gpu_cfg.get("require_resident", [])), float(tolerance))
+    checks, note = target.post_save_checks(path, entry_inputs, cfg, precision, details, log)
+    return gate_results + checks, details, note
 
 
 def _compress_options(cfg) -> dict:
@@ -243,7 +248,7 @@ def _thresholds(cfg, precision: Precision) -> dict[str, float]:
     thresholds = cfg.gates.get(precision.name)
     if not thresholds:
         raise ZooError(f"Model '{cfg.name}' has no gate thresholds for {precision.name}.",
-                       f"add gates.{precision.name} to configs/model/{cfg.name}.yaml.")
+                       f"add gates.{precision.name} to the model's config.yaml.")
     return {k: float(v) for k, v in thresholds.items()}
 
 
@@ -254,7 +259,8 @@ def _weights_summary(checkpoint: weights.Checkpoint) -> dict:
 def _manifest(report: dict, checkpoint: weights.Checkpoint, target, inputs, staging: Path) -> dict:
     return {
         "model": report["model"], "component": report["component"], "target": report["target"],
-        "precision": report["precision"], "status": report["status"],
+        "precision": report["precision"], "status": report["status"], "status_note": report.get("status_note", ""),
+        "session": report.get("session", "one_shot"),
         "weights": checkpoint.provenance,
         "real_weights": checkpoint.is_real,
         "tools": {**target.versions(), "python": platform.python_version()},

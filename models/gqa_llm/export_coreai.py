@@ -1,9 +1,8 @@
 """Core AI form of the GQA decoder: one .aimodel, functions `prefill` and `decode`, K/V caches as
 states shared by both.
 
-    prog = convert(lm, context_len=512)          # export x2 -> one AIProgram
-    path = CoreAITarget().save(prog, Path("out"), {})  # the shared save: out/model.aimodel
-    with CoreAISession(path) as session:          # keeps the AIModel alive while functions run
+    make convert MODEL=gqa-llm TARGET=coreai      # the shared pipeline exports model.coreai_entries
+    with CoreAISession(bundle / "model.aimodel") as session:  # keeps the AIModel alive while functions run
         stream = greedy(session.step, prompt_ids)
 
 Function signatures inside the bundle:
@@ -16,44 +15,17 @@ wasted compute; logits are the last position's only.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
-from .generation import check_fits
-from .model import GQAForCausalLM, coreai_entries
-
-
-def _coreai():
-    # Import order matters: coreai_torch must come before coreai's compiler dialects.
-    import coreai_torch  # noqa: F401
-    import coreai.runtime  # noqa: F401
-
-    return coreai_torch
+from zoo.generation import check_fits
 
 
 def max_prefill(context_len: int) -> int:
     """Longest single prefill call (see model.coreai_entries for why it is one short)."""
     return context_len - 1
-
-
-def convert(lm: GQAForCausalLM, context_len: int, timings: dict | None = None):
-    """-> coreai AIProgram with `prefill` and `decode` sharing the cache states, through the shared
-    Core AI target code. `timings`, if given, receives seconds per stage (export, to_coreai)."""
-    from zoo.targets.coreai import convert_programs, export_entry
-
-    timings = {} if timings is None else timings
-    t0 = time.perf_counter()
-    entries = coreai_entries(lm, context_len)
-    programs = [export_entry(e) for e in entries]
-    timings["export_s"] = round(time.perf_counter() - t0, 2)
-    t0 = time.perf_counter()
-    program = convert_programs(entries, programs)
-    timings["to_coreai_s"] = round(time.perf_counter() - t0, 2)
-    return program
 
 
 class CoreAISession:

@@ -2,8 +2,8 @@
 weights; the K/V caches travel as explicit inputs and outputs (the GPU-clean recipe of
 notes/toolchain.md §3.2).
 
-    path = convert(lm, context_len=512, prefill_len=64, out_path="out/gqa-llm.tflite")
-    with LiteRTSession(path) as session:
+    make convert MODEL=gqa-llm TARGET=litert      # the shared pipeline exports model.litert_entries
+    with LiteRTSession(bundle / "model.tflite") as session:
         stream = greedy(session.step, prompt_ids)
 
 Signatures (caches have the same names in and out):
@@ -22,24 +22,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
+from zoo.generation import check_fits
 from zoo.rewrites.inspect import op_report  # noqa: F401  (re-exported: the LLM's graph checks)
-
-from .generation import check_fits
-from .model import GQAForCausalLM, litert_entries
-
-
-def convert(lm: GQAForCausalLM, context_len: int, prefill_len: int, scaled_norms: bool = True,
-            out_path: str | Path = "gqa-llm.tflite") -> Path:
-    """-> .tflite with `prefill` (T=prefill_len, padded + length) and `decode` (T=1), through the
-    shared LiteRT target code. scaled_norms: fp16-safe RMSNorm for the GPU delegate
-    (see model.litert_entries)."""
-    from zoo.targets.litert import convert_entries
-
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad():
-        return convert_entries(litert_entries(lm, context_len, prefill_len, scaled_norms), Path(out_path))
 
 
 # --------------------------------------------------------------------------------------------

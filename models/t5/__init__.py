@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -10,6 +11,7 @@ from torch import nn
 
 from models.t5.model import T5Encoder, T5EncoderConfig
 from zoo.registry import Component, ModelSpec
+from zoo.schema import ModelConfig
 from zoo.weights import Checkpoint, load_strict
 
 TINY_DIR = Path(__file__).parent / "tiny"
@@ -68,6 +70,13 @@ def random_checkpoint(cfg) -> tuple[dict, dict[str, torch.Tensor]]:
     return hf.config.to_dict(), hf.state_dict()
 
 
+@dataclass
+class T5ModelConfig(ModelConfig):
+    """config.yaml keys only T5 has."""
+
+    seq_len: int = 128   # LTX-Video encodes prompts at 128 tokens
+
+
 SPEC = ModelSpec(
     name="t5",
     summary="T5 v1.1 encoder (gated-GELU), LTX-Video's text encoder",
@@ -82,4 +91,5 @@ SPEC = ModelSpec(
     ],
     tiny_dir=TINY_DIR,
     random_checkpoint=random_checkpoint,
+    config_schema=T5ModelConfig,
 )

@@ -49,7 +49,9 @@ class NamedIO(nn.Module):
         return dict(zip(self.output_names, outputs))
 
 
-TARGET_NAMES = ("coreai", "litert")
+# What each target can build; the target classes use the same tuples (checked by a test).
+TARGET_PRECISIONS = {"coreai": ("fp32", "fp16", "bf16", "int8"), "litert": ("fp32", "fp16", "int8")}
+TARGET_NAMES = tuple(TARGET_PRECISIONS)
 
 
 def get_target(name: str):

@@ -20,7 +20,7 @@ import torch
 
 from zoo.errors import ZooError
 from zoo.precision import Precision, cast_for_export
-from zoo.targets import Entry
+from zoo.targets import TARGET_PRECISIONS, Entry
 
 warnings.filterwarnings("ignore", message=".*validated with torch.*")
 
@@ -58,7 +58,8 @@ def convert_programs(entries: list[Entry], exported: list):
     return converter.to_coreai()
 
 
-def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = None, fast_kmeans: bool = False):
+def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = None, fast_kmeans: bool = False,
+                   progress=None):
     """8-bit k-means palettization, one look-up table per group of 32 output channels.
 
     Weights whose leading axis is not a multiple of the group size are left in fp32 by coreai-opt
@@ -76,7 +77,7 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
     _coreai_torch()
     from coreai_opt.coreai_utils import CompressionGranularity, palettize_weights
 
-    with _forkserver_start_method():
+    with _forkserver_start_method(), _counting_weights(progress):
         compressed = palettize_weights(
             program,
             None,
@@ -121,6 +122,64 @@ def nonfinite_lookup_tables(program) -> list[str]:
 
 
 @contextlib.contextmanager
+def _counting_weights(progress):
+    """Report each weight as coreai-opt finishes clustering it: progress(done, total).
+
+    coreai-opt has no progress callback; its per-weight work is `_blockwise_compress`, looked up as a
+    module global at call time, so wrapping that global (for this call only) counts weights exactly.
+    The total is the number of constants it will consider (`_should_compress_op`). If either private
+    name moves in a later coreai-opt, progress degrades to elapsed time only — never an error.
+    """
+    if progress is None:
+        yield
+        return
+    try:
+        from coreai_opt.coreai_utils.passes import weight_palettization as wp
+
+        original = wp._blockwise_compress
+    except (ImportError, AttributeError):
+        yield
+        return
+    done = [0]
+
+    def counted(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        finally:
+            done[0] += 1
+            progress(done[0], None)
+
+    wp._blockwise_compress = counted
+    try:
+        yield
+    finally:
+        wp._blockwise_compress = original
+
+
+def count_weight_constants(program) -> int | None:
+    """How many weights the palettizer will cluster (the progress total), asked with coreai-opt's own
+    selection rule (`_should_compress_op`, default threshold 1024 elements), or None if it moved."""
+    try:
+        from coreai._compiler.ir import WalkResult
+        from coreai_opt.coreai_utils._utils.graph_utils import _should_compress_op
+        from coreai_opt.coreai_utils.passes import _OPS_WEIGHT_NEED_COMPRESSION
+    except ImportError:
+        return None
+    count = [0]
+
+    def visit(op):
+        if _should_compress_op(op, 1024, _OPS_WEIGHT_NEED_COMPRESSION):
+            count[0] += 1
+        return WalkResult.ADVANCE
+
+    try:
+        program._module._mlir_module.operation.walk(visit)
+    except Exception:  # a private layout that moved: no total, elapsed time still shows
+        return None
+    return count[0] or None
+
+
+@contextlib.contextmanager
 def _forkserver_start_method():
     """coreai-opt makes its k-means pool with multiprocessing's default start method, `fork` on Linux.
     Forked from a process that already runs threads (torch's, our RSS sampler) the workers deadlocked
@@ -140,8 +199,12 @@ def _forkserver_start_method():
 class CoreAITarget:
     name = "coreai"
     artifact = ARTIFACT
-    precisions = ("fp32", "fp16", "bf16", "int8")
+    precisions = TARGET_PRECISIONS["coreai"]
     precision_notes: dict[str, str] = {}
+
+    export_skip_reason = None
+    compression_skipped = ("no compression pass at this precision (graph optimization always runs inside "
+                           "to_coreai on coreai-torch 0.4.3)")
 
     def prepare(self, module, precision: Precision, options: dict | None = None):
         """fp16/bf16 compute in that dtype on Core AI (the CPU runtime does not upcast).
@@ -159,11 +222,14 @@ class CoreAITarget:
         return convert_programs(entries, exported)
 
     def compress(self, program, precision: Precision, scratch: Path, int8_group_size: int = 32,
-                 int8_kmeans_workers: int | None = None):
-        """Returns (program, note); note None means the stage had nothing to do."""
+                 int8_kmeans_workers: int | None = None, progress=None):
+        """Returns (program, note); note None means the stage had nothing to do. `progress(done, total)`
+        hears of each weight palettized."""
         if precision.name == "int8":
             workers = int8_kmeans_workers or os.cpu_count() or 1
-            return (palettize_int8(program, int8_group_size, workers),
+            total = count_weight_constants(program) if progress else None
+            report = (lambda done, _: progress(done, total)) if progress else None
+            return (palettize_int8(program, int8_group_size, workers, progress=report),
                     f"8-bit palettization, per grouped channel, group {int8_group_size}, {workers} k-means worker(s)")
         return program, None
 
@@ -181,6 +247,11 @@ class CoreAITarget:
 
     def open(self, path: Path) -> "CoreAIRunner":
         return CoreAIRunner(path)
+
+    def post_save_checks(self, path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict,
+                         log) -> tuple[list, str]:
+        """Nothing beyond the verify stage: the Core AI CPU runtime is the only one here."""
+        return [], ""
 
     def summary(self, path: Path) -> str:
         _coreai_torch()

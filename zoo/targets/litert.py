@@ -7,6 +7,7 @@ delegate computes in fp16 by default regardless of storage (toolchain.md §3.1).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from importlib.metadata import version
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo.precision import Precision
-from zoo.targets import Entry, NamedIO
+from zoo.targets import TARGET_PRECISIONS, Entry, NamedIO
 
 ARTIFACT = "model.tflite"
 
@@ -57,10 +58,13 @@ def quantize(fp32_path: Path, precision: Precision, out_path: Path) -> tuple[Pat
 class LiteRTTarget:
     name = "litert"
     artifact = ARTIFACT
-    precisions = ("fp32", "fp16", "int8")
+    precisions = TARGET_PRECISIONS["litert"]
     precision_notes = {
         "bf16": "LiteRT has no bf16 kernels; its GPU delegate computes in fp16 or fp32.",
     }
+
+    export_skip_reason = "litert_torch.convert runs torch.export itself; its time is counted under convert"
+    compression_skipped = "no post-conversion quantization at fp32"
 
     def prepare(self, module, precision: Precision, options: dict | None = None):
         # Always convert the fp32 module: fp16/int8 are weight-storage passes after conversion
@@ -85,6 +89,36 @@ class LiteRTTarget:
 
     def open(self, path: Path) -> "LiteRTRunner":
         return LiteRTRunner(path)
+
+    def post_save_checks(self, path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict,
+                         log) -> tuple[list, str]:
+        """The LiteRT GPU delegate on software Vulkan, GPU-only: residency with the delegate's reasons,
+        and the GPU-vs-CPU error computing in enforced fp32 and in fp16 (what phones run by default).
+        Returns (gates, status note); the note says what the bundle's status must carry ("GPU: ...")."""
+        from zoo import gates
+        from zoo.schema import StageOutcome
+
+        policy = gpu_policy(cfg, precision.name)
+        if not policy.check:
+            # Asked for explicitly: no residency gate, but the status says so, and CI
+            # (ZOO_REQUIRE_GPU_CHECK=1, policy.require_check) still fails the bundle.
+            reason = "disabled by configuration (model.gpu.check=false)"
+            log.skip("gpu_check", reason)
+            details["gpu"] = {"status": "not_run", "reason": reason}
+            unchecked = dataclasses.replace(policy, require_resident=False)
+            return gates.gpu_gates(details["gpu"], precision.name, unchecked), f"GPU: not checked — {reason}"
+        from zoo.targets.litert_gpu import gpu_check
+
+        with log.stage("gpu_check") as record:
+            check = gpu_check(path, entry_inputs).to_dict()
+            details["gpu"] = check
+            record.note = describe_gpu_check(check)
+            if check["status"] == "not_run":
+                record.outcome = StageOutcome.SKIPPED
+        results = gates.gpu_gates(check, precision.name, policy)
+        details["gpu"]["policy"] = {"require_resident": policy.require_resident, "fp32_only": policy.fp32_only,
+                                    "fp32_rel_tol": policy.fp32_rel_tol, "fp16_rel_tol": policy.fp16_rel_tol}
+        return results, gpu_status_note(check, policy)
 
     @staticmethod
     def versions() -> dict[str, str]:
@@ -116,3 +150,43 @@ class LiteRTRunner:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def gpu_policy(cfg, precision: str):
+    """The model's `gpu:` config block at one precision, as a gates.GpuPolicy."""
+    from zoo.gates import GpuPolicy
+
+    gpu = cfg.get("gpu") or {}
+    fp16_tol = (gpu.get("fp16_rel_tol") or {}).get(precision)
+    fp16_cos = (gpu.get("fp16_min_cosine") or {}).get(precision)
+    return GpuPolicy(
+        check=bool(gpu.get("check", True)),
+        require_resident=precision in list(gpu.get("require_resident") or []),
+        fp32_rel_tol=float((gpu.get("fp32_rel_tol") or {}).get(precision, 1e-3)),
+        fp16_rel_tol=None if fp16_tol is None else float(fp16_tol),
+        fp16_min_cosine=None if fp16_cos is None else float(fp16_cos),
+        fp32_only=(gpu.get("fp32_only") or {}).get(precision),
+        require_check=os.environ.get("ZOO_REQUIRE_GPU_CHECK") == "1",
+    )
+
+
+def describe_gpu_check(check: dict) -> str:
+    if check["status"] == "not_run":
+        return f"NOT RUN: {check['reason']}"
+    rejected = ", ".join(f"{o['op']} ({o['reason']})" for o in check["rejected_ops"])
+    errors = [f"{mode} rel err {e[f'{mode}_rel_err']:.2g}" if isinstance(e.get(f"{mode}_rel_err"), float)
+              else f"{mode} rel err {e.get(f'{mode}_rel_err')}"
+              for outs in check["outputs"].values() for e in outs.values() for mode in ("fp32", "fp16")
+              if e.get(f"{mode}_rel_err") is not None]
+    return check["status"] + (f": {rejected}" if rejected else "") + (f"; {', '.join(errors)}" if errors else "")
+
+
+def gpu_status_note(check: dict, policy) -> str:
+    """What a bundle's status says about the GPU, so a check that did not run is never invisible."""
+    if check["status"] == "not_run":
+        return f"GPU: not checked — {check.get('reason', '')}".rstrip(" —")
+    if check["status"] == "rejected":
+        return "GPU: rejected" + ("" if policy.require_resident else " (not required at this precision)")
+    if policy.fp32_only:
+        return f"GPU: fp32 only — {policy.fp32_only}"
+    return "GPU: resident, fp32 + fp16 checked"

@@ -1,4 +1,4 @@
-"""Greedy decoding and the token-exact gate, independent of model and target.
+"""Greedy decoding, the generative-session interface and the token transcript, for any model and target.
 
 Everything speaks one small interface, a *step*:
 
@@ -7,7 +7,11 @@ Everything speaks one small interface, a *step*:
 `token_ids` are the tokens at absolute positions start .. start+len-1 (the whole prompt at start=0,
 then one token per call). A call with start=0 begins a new sequence. Eager modules, a Core AI
 bundle and a LiteRT bundle each provide a step; `greedy` drives any of them, and
-`token_exact_gate` compares a candidate stream with the reference stream.
+`token_exact_gate` compares a candidate stream with the reference stream. A component whose session
+has a `step` (and `context_len`) is *generative*: `zoo.generate` streams text from its bundles.
+
+The metrics themselves (token_exact, token_agreement, min_logits_cosine) are registered in
+zoo/gates.py like every other metric; this module only drives the streams and writes the transcript.
 
 The gate (what the anchor zoo publishes): greedy tokens must be identical to the reference
 (transformers fp32 on the same weights). A first divergence is tolerated only where the reference's
@@ -23,6 +27,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from zoo.gates import KNIFE_EDGE_MARGIN
+
 StepFn = Callable[[Sequence[int], int], np.ndarray]
 
 DEFAULT_PROMPT = "The alphabet begins A, B, C, D, E, F,"
@@ -30,7 +36,6 @@ DEFAULT_PROMPT = "The alphabet begins A, B, C, D, E, F,"
 # prompt gives " G, H, I, J, ..."), and a template would only add ~20 tokens per step of work.
 DEFAULT_PROMPTS = (DEFAULT_PROMPT, "The capital of France is", "def fibonacci(n):")
 DEFAULT_NEW_TOKENS = 16
-KNIFE_EDGE_MARGIN = 0.1
 
 
 class ContextOverflow(ValueError):
@@ -92,25 +97,10 @@ def full_recompute_step(forward: Callable[[torch.Tensor], torch.Tensor]) -> Step
     return step
 
 
-def hf_step(hf_model) -> StepFn:
-    """Reference step: transformers *ForCausalLM (fp32), full recompute, no cache object involved."""
-    return full_recompute_step(lambda ids: hf_model(input_ids=ids, use_cache=False).logits)
-
-
-def top2_margin(logits: np.ndarray) -> float:
-    top2 = np.partition(np.asarray(logits, dtype=np.float64), -2)[-2:]
-    return float(top2[1] - top2[0])
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-300))
-
-
 @dataclass
 class TokenGateResult:
     passed: bool
-    verdict: str  # "token-exact" | "knife-edge tie" | "diverged" | "prompt mismatch" | "length mismatch"
+    verdict: str  # "token-exact" | "knife-edge tie" | "diverged" | "prompt mismatch" | "length mismatch" | "non-finite logits"
     first_divergence: int | None
     transcript: dict
 
@@ -118,28 +108,28 @@ class TokenGateResult:
 def token_exact_gate(reference: Stream, candidate: Stream, knife_edge: float = KNIFE_EDGE_MARGIN,
                      decode: Callable[[list[int]], str] | None = None, prompt_text: str | None = None
                      ) -> TokenGateResult:
-    """Compare two greedy streams; returns verdict + a JSON-able transcript.
+    """Compare two greedy streams with the registered token metrics; returns verdict + a JSON-able
+    transcript. Pass: identical tokens, or a first divergence at a step where the reference's top-2
+    margin is < knife_edge. Fail: a different prompt, a different length, non-finite logits anywhere
+    in the candidate, or a decisive divergence."""
+    from zoo import gates
 
-    Pass: identical tokens, or a first divergence at a step where the reference's top-2 margin
-    is < knife_edge. Fail: a different prompt, a different length, or a decisive divergence.
-    """
-    margins = [top2_margin(lg) for lg in reference.logits]
-    first = next((i for i, (r, c) in enumerate(zip(reference.tokens, candidate.tokens)) if r != c), None)
-    # Logits are comparable while both streams have seen the same context: up to the divergence.
-    last_same_context = len(reference.logits) if first is None else first + 1
-    cosines = [cosine(r, c) for r, c in zip(reference.logits[:last_same_context], candidate.logits)]
-
+    margins = [gates.top2_margin(lg) for lg in reference.logits]
+    first = gates.first_divergence(candidate, reference)
+    cosines = gates.logits_cosines(candidate, reference)
+    exact = gates.token_exact(candidate, reference, knife_edge)
     if candidate.prompt_ids != reference.prompt_ids:
-        passed, verdict = False, "prompt mismatch"
+        verdict = "prompt mismatch"
     elif len(candidate.tokens) != len(reference.tokens):
-        passed, verdict = False, "length mismatch"
+        verdict = "length mismatch"
+    elif not gates.stream_is_finite(candidate):
+        verdict = "non-finite logits"
     elif first is None:
-        passed, verdict = True, "token-exact"
-    elif margins[first] < knife_edge:
-        passed, verdict = True, "knife-edge tie"
+        verdict = "token-exact"
     else:
-        passed, verdict = False, "diverged"
-
+        verdict = "knife-edge tie" if exact == 1.0 else "diverged"
+    passed = exact == 1.0
+    min_cos = gates.min_logits_cosine(candidate, reference)
     transcript = {
         "gate": "greedy_token_exact",
         "rule": f"identical greedy tokens; a first divergence passes only where the reference top-2 "
@@ -153,10 +143,11 @@ def token_exact_gate(reference: Stream, candidate: Stream, knife_edge: float = K
         "reference_text": decode(reference.tokens) if decode else None,
         "candidate_text": decode(candidate.tokens) if decode else None,
         "reference_top2_margins": [round(m, 6) for m in margins],
-        "logits_cosine": [round(c, 9) for c in cosines],
-        "min_logits_cosine": round(min(cosines), 9) if cosines else None,
+        "logits_cosine": [round(c, 9) if c == c else "nan" for c in cosines],
+        "min_logits_cosine": round(min_cos, 9) if min_cos == min_cos else "nan",  # NaN is shown, never skipped
+        "token_agreement": gates.token_agreement(candidate, reference),
         "first_divergence": first,
-        "margin_at_divergence": None if first is None else round(margins[first], 6),
+        "margin_at_divergence": None if first is None or first >= len(margins) else round(margins[first], 6),
         "verdict": verdict,
         "passed": passed,
     }

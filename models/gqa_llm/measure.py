@@ -1,0 +1,193 @@
+"""What `zoo bench` times for the LLM: prefill and decode tokens/s of the saved bundle vs eager
+transformers with a KV cache, plus the per-prompt token-gate table (the `Component.measure` hook).
+
+The shared bench (zoo/bench.py) converts and gates each bundle in its own fresh process and fills the
+common columns (gate, conversion seconds, peak RSS, size); this file adds only what is LLM-specific:
+a fixed 64-token prompt, one prefill call then 32 greedy decode calls, timed on the bundle's own
+session and on transformers `LlamaForCausalLM` fp32 (sdpa) with a `DynamicCache`, right before the
+artifact so both see the same machine load (the ratio is what to read: these machines are noisy).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from zoo.generation import StepFn
+from zoo.registry import Measure, MeasureContext
+
+PROMPT_TOKENS = 64   # = LiteRT's prefill_len: one prefill call on both targets
+DECODE_TOKENS = 32
+REPEATS = 3          # timed runs after one warm-up; medians reported
+TIMING_BUDGET_S = 60  # ...but no new run once this much was spent timing (Core AI int8 decodes at ~3 s/token)
+# A fixed text, cut to exactly PROMPT_TOKENS tokens by the bundle's own tokenizer.
+PROMPT_TEXT = (
+    "The history of computing is a story of machines that grew smaller, faster and cheaper with every decade. "
+    "Early computers filled whole rooms, consumed enormous amounts of power and were programmed with switches "
+    "and punched cards. The invention of the transistor, and later of the integrated circuit, made it possible "
+    "to put millions and then billions of switches on a single chip, and today a phone in a pocket runs "
+    "language models that would have needed a supercomputer a generation ago."
+)
+
+
+def bench_prompt(tokenizer, n: int = PROMPT_TOKENS) -> list[int]:
+    ids = tokenizer(PROMPT_TEXT)["input_ids"]
+    while len(ids) < n:  # a tokenizer with long tokens: repeat the text
+        ids = ids + tokenizer(" " + PROMPT_TEXT)["input_ids"]
+    return [int(t) for t in ids[:n]]
+
+
+def eager_step(hf) -> StepFn:
+    """A StepFn over transformers with a KV cache (what `generate` does): a new DynamicCache at
+    start=0, then one forward per call; logits of the last position only, like the bundles."""
+    from transformers import DynamicCache
+
+    state = {}
+
+    @torch.inference_mode()
+    def step(token_ids: Sequence[int], start: int) -> np.ndarray:
+        if start == 0:
+            state["cache"] = DynamicCache(config=hf.config)
+        if state["cache"].get_seq_length() != start:
+            raise ValueError(f"step at start={start}, but the cache holds {state['cache'].get_seq_length()} tokens")
+        ids = torch.tensor([list(token_ids)], dtype=torch.long)
+        out = hf(input_ids=ids, cache=state["cache"], use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float().numpy()
+
+    return step
+
+
+def time_generation(step: StepFn, prompt_ids: list[int], new_tokens: int = DECODE_TOKENS,
+                    repeats: int = REPEATS, budget_s: float = TIMING_BUDGET_S) -> dict:
+    """One prefill call of the whole prompt, then `new_tokens` greedy decode calls. One warm-up run, then
+    medians of up to `repeats` runs: at least one, and no new one after `budget_s` seconds of timed runs."""
+
+    def once() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        logits = step(prompt_ids, 0)
+        t1 = time.perf_counter()
+        for i in range(new_tokens):
+            logits = step([int(np.argmax(logits))], len(prompt_ids) + i)
+        return t1 - t0, time.perf_counter() - t1
+
+    once()  # first calls pay for allocation, XNNPACK packing, lazy loading
+    runs = [once()]
+    while len(runs) < repeats and sum(map(sum, runs)) < budget_s:
+        runs.append(once())
+    prefill_s = statistics.median(r[0] for r in runs)
+    decode_s = statistics.median(r[1] for r in runs)
+    return {"prefill_ms": round(prefill_s * 1e3, 2), "prefill_tok_s": round(len(prompt_ids) / prefill_s, 1),
+            "decode_ms_per_token": round(decode_s * 1e3 / new_tokens, 2),
+            "decode_tok_s": round(new_tokens / decode_s, 2), "runs": len(runs)}
+
+
+def prompt_details(bundle: Path) -> list[dict]:
+    """Per prompt, from the bundle's transcript.json: verdict, agreement, first divergence."""
+    path = bundle / "transcript.json"
+    if not path.is_file():
+        return []
+    return [{"prompt": t["prompt_text"], "verdict": t["verdict"], "token_agreement": t.get("token_agreement"),
+             "first_divergence": t["first_divergence"], "margin_at_divergence": t["margin_at_divergence"],
+             "min_logits_cosine": t["min_logits_cosine"], "reference_text": t["reference_text"],
+             "candidate_text": t["candidate_text"]} for t in json.loads(path.read_text())]
+
+
+def prepare(cfg, checkpoint) -> dict:
+    """Once per bench: the fixed prompt, cut by this checkpoint's tokenizer."""
+    from zoo.errors import ZooError
+
+    from .spec import tokenizer_for
+
+    tokenizer = tokenizer_for(checkpoint)
+    prompt_ids = bench_prompt(tokenizer)
+    if len(prompt_ids) + DECODE_TOKENS > int(cfg.context_len):
+        raise ZooError(f"The bench needs {len(prompt_ids) + DECODE_TOKENS} positions; context_len is "
+                       f"{cfg.context_len}.", "raise model.context_len.")
+    return {"prompt_ids": prompt_ids, "prompt_text": tokenizer.decode(prompt_ids), "prompt_tokens": len(prompt_ids),
+            "decode_tokens": DECODE_TOKENS, "timing_repeats": REPEATS, "timing_budget_s": TIMING_BUDGET_S,
+            "context_len": int(cfg.context_len), "prefill_len": int(cfg.prefill_len),
+            "gate_prompts": list(cfg.prompts), "gate_new_tokens": int(cfg.new_tokens)}
+
+
+def run(ctx: MeasureContext) -> dict:
+    """Eager transformers, then the saved bundle through its own session, on the same prompt."""
+    from zoo.targets import get_target
+
+    from .spec import open_session, reference_hf
+
+    prompt_ids = ctx.header["prompt_ids"]
+    hf = reference_hf(ctx.checkpoint)
+    hf.set_attn_implementation("sdpa")  # transformers' default; the gate's oracle uses eager attention
+    gc.collect()
+    load_avg = os.getloadavg()[0]
+    eager = time_generation(eager_step(hf), prompt_ids)  # right before the artifact: same machine load
+    target = get_target(ctx.target)
+    t0 = time.perf_counter()
+    runner = target.open(ctx.bundle / target.artifact)
+    try:
+        with open_session(runner, ctx.target) as session:
+            load_s = time.perf_counter() - t0
+            artifact = time_generation(session.step, prompt_ids)
+    finally:
+        runner.close()
+    return {
+        "load_s": round(load_s, 3), **artifact,
+        "eager_prefill_tok_s": eager["prefill_tok_s"], "eager_decode_tok_s": eager["decode_tok_s"],
+        "prefill_vs_eager": round(artifact["prefill_tok_s"] / eager["prefill_tok_s"], 3),
+        "decode_vs_eager": round(artifact["decode_tok_s"] / eager["decode_tok_s"], 3),
+        "load_avg_1m": round(load_avg, 2),
+        "prompts": prompt_details(ctx.bundle),
+    }
+
+
+def _g(value, digits=3) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def details(rows: list[dict], header: dict) -> list[str]:
+    """Under the table: how throughput was measured, and the token gate per prompt."""
+    lines = [
+        f"Throughput: one prefill call of a fixed {header['prompt_tokens']}-token prompt, then "
+        f"{header['decode_tokens']} greedy decode calls; median of {header['timing_repeats']} runs after one "
+        f"warm-up (fewer, at least one, once {header['timing_budget_s']} s were spent: the runs column). "
+        "Eager = transformers `LlamaForCausalLM` fp32 (sdpa) with a `DynamicCache`, same prompt and loop, "
+        f"timed right before each artifact. Context {header['context_len']}, LiteRT prefill chunk "
+        f"{header['prefill_len']}; load s = opening the saved bundle (Core AI `executable()` lowers it); load "
+        f"avg = 1-minute load average before the timing. Gate: greedy decoding of {header['gate_new_tokens']} "
+        f"tokens on each of the {len(header['gate_prompts'])} config prompts, artifact vs transformers fp32.",
+        "",
+        "Token gate per prompt (first divergence = index of the first generated token that differs from "
+        "transformers fp32; agreement = tokens before it / tokens generated):",
+        "",
+        "| target | precision | prompt | verdict | agreement | first divergence | ref top-2 margin there "
+        "| min logits cosine | candidate text |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for p in (r.get("measure") or {}).get("prompts", []):
+            text = (p["candidate_text"] or "").replace("\n", "\\n").replace("|", "\\|")
+            lines.append(f"| {r['target']} | {r['precision']} | `{p['prompt']}` | {p['verdict']} | "
+                         f"{_g(p['token_agreement'])} | {_g(p['first_divergence'])} | "
+                         f"{_g(p['margin_at_divergence'])} | {_g(p['min_logits_cosine'], 7)} | `{text}` |")
+    return lines
+
+
+GENERATION_MEASURE = Measure(
+    run=run,
+    prepare=prepare,
+    details=details,
+    describe="prefill and decode tokens/s of the bundle's session vs eager transformers with a KV cache",
+    columns=[("load_s", "load s"), ("prefill_tok_s", "prefill tok/s"), ("eager_prefill_tok_s", "eager"),
+             ("prefill_vs_eager", "vs eager"), ("decode_tok_s", "decode tok/s"), ("eager_decode_tok_s", "eager"),
+             ("decode_vs_eager", "vs eager"), ("runs", "runs"), ("load_avg_1m", "load avg")],
+)

@@ -1,0 +1,53 @@
+"""`zoo <command> [args]`: the make targets as one console script, for use outside a checkout.
+
+    zoo convert model=t5 target=litert precision=int8     # Hydra overrides pass straight through
+    zoo convert -m model=t5 target=coreai,litert hydra/launcher=zoo_joblib
+    zoo list | zoo bench model=t5 | zoo generate --bundle B --prompt P | zoo demo
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "convert": ("zoo.convert", "one model through the requested targets and precisions (make convert)"),
+    "list": ("zoo.catalog", "models, components, targets and default precisions (make list)"),
+    "bench": ("zoo.bench", "conversion cost, size, gates and latency per bundle (make bench)"),
+    "generate": ("zoo.generate", "stream text from a generative bundle"),
+    "demo": ("zoo.demo", "every model through both targets on its default weights (make demo)"),
+    "verify": ("zoo.verify", "re-check a bundle: hashes, then optionally its gates"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: zoo <command> [args]", "", "commands:"]
+    lines += [f"  {name:<9} {about}" for name, (_, about) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown command '{command}'. Fix: use one of {', '.join(COMMANDS)} (zoo --help).",
+              file=sys.stderr)
+        return 2
+    module_name = COMMANDS[command][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        print(f"error: '{command}' is not available in this installation. Fix: update zoo.", file=sys.stderr)
+        return 2
+    sys.argv = [f"zoo {command}", *rest]  # Hydra and argparse read sys.argv
+    code = module.main() if command in ("convert", "list") else module.main(rest)
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The typed schema of a model's config (`models/<name>/config.yaml`), validated before any work.
+
+Every model config is merged onto `ModelConfig` (or the model's own subclass, which adds the keys only
+that model has, e.g. T5's `seq_len`): an unknown key, a wrong type or a missing required key is one
+clear error naming the file and the key, and so is a precision that a target can build but that has no
+gate (`check_semantics`). The merged config stays typed inside Hydra, so a command-line override of
+the wrong type (`model.seq_len=abc`) is refused the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+class BundleStatus(StrEnum):
+    PASSED = "passed"
+    GATE_FAILED = "gate_failed"
+    ERROR = "error"
+
+
+class StageOutcome(StrEnum):
+    RUNNING = "running"
+    OK = "ok"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass
+class GpuSection:
+    """The LiteRT GPU-delegate check (zoo/targets/litert_gpu.py) and what it must show, per precision."""
+
+    check: bool = True
+    require_resident: list[str] = field(default_factory=list)   # precisions that must run GPU-only
+    fp32_rel_tol: dict[str, float] = field(default_factory=dict)  # enforced fp32 vs CPU, max-abs / max|CPU|
+    fp16_rel_tol: dict[str, float] = field(default_factory=dict)  # fp16 compute (the phone default) vs CPU
+    fp16_min_cosine: dict[str, float] = field(default_factory=dict)  # raises the fixed floor for a precision
+    fp32_only: dict[str, str] = field(default_factory=dict)      # precision -> why fp16 compute is not gated
+
+
+@dataclass
+class BenchSection:
+    variant: Optional[str] = None   # architecture to bench (null: the config's variant)
+    weights: Optional[str] = None   # weights to bench (null: the config's weights)
+    repeats: int = 5
+
+
+@dataclass
+class TargetOptions:
+    # fp16/bf16 Linears multiply in fp32 while their weights stay reduced (zoo/precision.py).
+    fp32_linear_accumulation: bool = False
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    package: str = MISSING          # the Python package whose SPEC declares the components
+    weights: str = MISSING          # default weights source: tiny | hub | random | embedded | local:PATH | url
+    variant: Optional[str] = None
+    seed: int = 0
+    int8_kmeans_workers: Optional[int] = None  # Core AI int8: k-means processes (null: every core)
+    int8_group_size: int = 32
+    peak_rss_mb: Optional[int] = None          # expected peak RSS of one bundle (for launchers that pack by memory)
+    variants: dict[str, Any] = field(default_factory=dict)
+    default_precision: dict[str, str] = MISSING
+    refused_precisions: dict[str, dict[str, str]] = field(default_factory=dict)
+    gates: dict[str, dict[str, float]] = MISSING
+    gpu: GpuSection = field(default_factory=GpuSection)
+    bench: BenchSection = field(default_factory=BenchSection)
+    coreai: TargetOptions = field(default_factory=TargetOptions)
+    litert: TargetOptions = field(default_factory=TargetOptions)
+
+
+def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[str]:
+    """What the types cannot say. Returns one message per problem (empty: the config is sound).
+
+    `target_precisions`: what each target can build, e.g. {"coreai": ("fp32", ...), ...}.
+    """
+    from zoo.gates import METRICS
+
+    problems = []
+    refused = cfg.refused_precisions or {}
+    for target, precisions in target_precisions.items():
+        default = (cfg.default_precision or {}).get(target)
+        if default not in precisions:
+            problems.append(f"default_precision.{target}: '{default}' is not one of {', '.join(precisions)}")
+        for precision in precisions:
+            if precision in (refused.get(target) or {}):
+                continue
+            if precision not in cfg.gates:
+                problems.append(f"gates.{precision}: missing, but {target} builds {precision} for this model "
+                                f"(add thresholds, or refuse it under refused_precisions.{target}.{precision})")
+    for precision, thresholds in cfg.gates.items():
+        for metric in thresholds:
+            if metric not in METRICS:
+                problems.append(f"gates.{precision}.{metric}: unknown metric (known: {', '.join(METRICS)})")
+    gpu = cfg.gpu
+    for precision in gpu.require_resident:
+        if precision not in gpu.fp32_rel_tol:
+            problems.append(f"gpu.fp32_rel_tol.{precision}: missing for a precision in gpu.require_resident")
+        if precision not in gpu.fp16_rel_tol and precision not in gpu.fp32_only:
+            problems.append(f"gpu.fp16_rel_tol.{precision}: missing — give the fp16 GPU tolerance, or declare "
+                            f"gpu.fp32_only.{precision}: <why the GPU is only right with enforced fp32>")
+    if cfg.variant is not None and cfg.variants and cfg.variant not in cfg.variants:
+        problems.append(f"variant: '{cfg.variant}' is not one of {', '.join(cfg.variants)}")
+    return problems
