@@ -122,6 +122,8 @@ def measure_bundle(model: str, overrides: list[str], component_name: str, target
                    out: str, header: dict) -> dict:
     """One bundle, meant for a fresh process: convert + gate it through the pipeline, then run the
     component's measure on the saved bundle. Returns its row plus `bytes`, or {"error": ...}."""
+    import zoo.quiet  # noqa: F401  (a spawned interpreter starts bare)
+
     cfg = bench_config(model, overrides)
     spec = get_spec(cfg)
     component = spec.component(component_name)
@@ -138,6 +140,12 @@ def measure_bundle(model: str, overrides: list[str], component_name: str, target
     row = {**common_row(result), "measure": measure_of(component).run(ctx), "bytes": result.bytes,
            "weights": f"{weights_spec} ({checkpoint.provenance.get('note', checkpoint.source)})"}
     return row
+
+
+def requested(overrides: list[str], key: str) -> list[str] | None:
+    """`target=litert` / `precision=fp32,int8` on the bench command line narrow the matrix."""
+    value = next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")), None)
+    return None if value in (None, "", "all", "default") else value.split(",")
 
 
 def refusal_of(cfg, target: str, precision: str) -> str | None:
@@ -157,9 +165,10 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
     rows, weights = [], None
     with tempfile.TemporaryDirectory(prefix="zoo-bench-") as out:
         for component in selected:
-            for target in TARGET_NAMES:
+            for target in requested(overrides, "target") or TARGET_NAMES:
                 fp32_bytes = None
-                for precision in get_target(target).precisions:
+                wanted = requested(overrides, "precision")
+                for precision in [p for p in get_target(target).precisions if not wanted or p in wanted]:
                     refusal = refusal_of(cfg, target, precision)
                     if refusal:
                         rows.append({"component": component.name, "target": target, "precision": precision,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -124,13 +126,23 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
+def model_dirs() -> list[Path]:
+    """Folders that hold model folders: the project's `models/`, then any in ZOO_MODEL_PATH (os.pathsep-
+    separated) — a model of your own is a folder there (config.yaml + a package), no change to zoo."""
+    extra = [Path(p).expanduser().resolve() for p in os.environ.get("ZOO_MODEL_PATH", "").split(os.pathsep) if p]
+    return [MODELS_DIR, *extra]
+
+
 @functools.cache
 def model_config_files() -> dict[str, Path]:
-    """User-facing model name -> its config file, from every `models/*/config.yaml`."""
+    """User-facing model name -> its config file, from every `<model dir>/*/config.yaml`."""
     found = {}
-    for path in sorted(MODELS_DIR.glob(f"*/{MODEL_CONFIG}")):
-        name = OmegaConf.load(path).get("name") or path.parent.name
-        found[str(name)] = path
+    for folder in model_dirs():
+        if folder != MODELS_DIR and str(folder) not in sys.path:
+            sys.path.append(str(folder))  # its model packages import as top-level names
+        for path in sorted(folder.glob(f"*/{MODEL_CONFIG}")):
+            name = OmegaConf.load(path).get("name") or path.parent.name
+            found.setdefault(str(name), path)
     return found
 
 
