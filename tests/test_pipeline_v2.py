@@ -210,3 +210,24 @@ def test_palettization_reports_progress(compose, tmp_path):
     assert seen and all(name == "optimize" for name, _, _ in seen)
     done = [d for _, d, _ in seen]
     assert done == list(range(1, len(done) + 1)) and seen[-1][2] == done[-1]  # counted to the total
+
+
+def test_generative_gpu_fp16_run_is_judged_by_the_token_gate(compose, tmp_path):
+    """The LLM's greedy tokens on the GPU's fp16 path are generated through its own session in a GPU
+    child and judged by its token gate. Negative control: the same run under a tightened logits-cosine
+    threshold (1.0) fails, while its tokens still agree."""
+    from gpu_mode import gpu_ready
+
+    ok, reason = gpu_ready()
+    if not ok:
+        pytest.skip(f"needs the LiteRT GPU check: {reason}") if os.environ.get("ZOO_REQUIRE_GPU_CHECK") != "1" \
+            else pytest.fail(reason)
+    from zoo.pipeline import convert_model
+
+    cfg = compose(["model=gqa-llm", "model.gpu.fp16_token_gate.min_logits_cosine=1.0"]).model
+    [result] = convert_model(cfg, ["litert"], out_dir=tmp_path, weights_spec="tiny")
+    token_gates = [g for g in result.gates if g.output.startswith("gpu_fp16:prompt")]
+    assert {g.metric for g in token_gates} == {"token_agreement", "min_logits_cosine"}
+    assert len(token_gates) == 2 * len(cfg.prompts)
+    assert all(g.passed for g in token_gates if g.metric == "token_agreement")
+    assert not result.ok and any(not g.passed for g in token_gates if g.metric == "min_logits_cosine")

@@ -46,7 +46,7 @@ def test_fp16_weights_bundle_is_rejected_with_the_delegates_reason(litert):
     assert gpu["status"] == "rejected"
     assert any(o["op"] == "EMBEDDING_LOOKUP" and "quantization" in o["reason"] for o in gpu["rejected_ops"])
     assert gpu["partitions"]["cpu_ops"] > 0
-    assert litert["fp16"].ok  # fp16 is not required to be resident (configs/model/t5.yaml gpu.require_resident)
+    assert litert["fp16"].ok  # fp16 is not required to be resident (models/t5/config.yaml gpu.require_resident)
 
 
 def test_negative_control_requiring_residency_of_a_rejected_bundle_fails(cfg, tmp_path):

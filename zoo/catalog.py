@@ -18,7 +18,8 @@ def catalog_rows() -> list[dict]:
         rows.append({
             "model": name,
             "summary": spec.summary,
-            "components": [c.name for c in spec.components],
+            "components": [c.name + (" (generative)" if c.generative else "") for c in spec.components],
+            "gpu_fp32_only": dict(cfg.gpu.fp32_only),
             "defaults": {t: cfg.default_precision[t] for t in TARGET_NAMES},
             "precisions": {t: list(get_target(t).precisions) for t in TARGET_NAMES},
             "refused": {t: list(v) for t, v in (cfg.get("refused_precisions") or {}).items()},
@@ -38,6 +39,8 @@ def main() -> None:
             for t in TARGET_NAMES
         )
         refused = "; ".join(f"{t} refuses {', '.join(v)} (precision.force=true)" for t, v in row["refused"].items())
+        if row["gpu_fp32_only"]:
+            refused += f"\nLiteRT GPU: fp32 only at {', '.join(row['gpu_fp32_only'])}"
         table.add_row(row["model"], ", ".join(row["components"]), row["weights"], row["defaults"]["coreai"],
                       row["defaults"]["litert"], also + (f"\n{refused}" if refused else ""), row["summary"])
     Console(width=160).print(table)

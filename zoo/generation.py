@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
 from zoo.gates import KNIFE_EDGE_MARGIN
 
@@ -79,9 +78,11 @@ def greedy(step: StepFn, prompt_ids: Sequence[int], new_tokens: int = DEFAULT_NE
     return out
 
 
-def full_recompute_step(forward: Callable[[torch.Tensor], torch.Tensor]) -> StepFn:
+def full_recompute_step(forward: Callable) -> StepFn:
     """A step over any `forward(ids [1, T] int64) -> logits [1, T, V]` with no cache: it keeps the
     token history and re-runs the whole sequence. Slow but trivially correct: the oracle form."""
+    import torch
+
     history: list[int] = []
 
     def step(token_ids: Sequence[int], start: int) -> np.ndarray:
@@ -160,3 +161,33 @@ def run_token_gate(reference_step: StepFn, candidate_step: StepFn, prompt_ids: S
     reference = greedy(reference_step, prompt_ids, new_tokens)
     candidate = greedy(candidate_step, prompt_ids, new_tokens)
     return token_exact_gate(reference, candidate, **gate_kwargs)
+
+
+def greedy_driver(runner, payload: dict) -> dict[str, np.ndarray]:
+    """Greedy generation through a component's own session on any runner — used in the LiteRT GPU child
+    (zoo.targets.litert_gpu.gpu_session_run) to judge the GPU's fp16 path by the model's token gate.
+
+    payload: {"model", "component", "target", "new_tokens", "prompts": {label: [token ids]}}.
+    Returns {"<label>/tokens": int array, "<label>/logits": [steps, vocab] float32}.
+    """
+    from zoo.registry import get_spec, load_model_config
+
+    component = get_spec(load_model_config(payload["model"])).component(payload["component"])
+    out = {}
+    with component.session(runner, payload["target"]) as session:
+        for label, prompt_ids in payload["prompts"].items():
+            stream = greedy(session.step, prompt_ids, int(payload["new_tokens"]))
+            out[f"{label}/tokens"] = np.asarray(stream.tokens, dtype=np.int64)
+            out[f"{label}/logits"] = np.stack(stream.logits).astype(np.float32)
+    return out
+
+
+def streams_from_arrays(arrays: dict[str, np.ndarray], references: dict[str, Stream]) -> dict[str, Stream]:
+    """greedy_driver's arrays back into Streams (a label the driver did not return is left out: a
+    missing output, which fails its gate)."""
+    found = {}
+    for label, reference in references.items():
+        if f"{label}/tokens" in arrays:
+            found[label] = Stream(list(reference.prompt_ids), [int(t) for t in arrays[f"{label}/tokens"]],
+                                  list(arrays[f"{label}/logits"]))
+    return found

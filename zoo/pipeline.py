@@ -69,6 +69,9 @@ class VerifyContext:
     checkpoint: weights.Checkpoint
     cfg: object
     bundle_dir: Path
+    # What verify learned that later checks may reuse, never serialized (e.g. a generative component's
+    # reference token streams, which the LiteRT GPU check replays on the GPU's fp16 path).
+    evidence: dict = field(default_factory=dict)
 
 
 def default_verify(ctx: VerifyContext) -> tuple[list, dict]:
@@ -226,7 +229,8 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         runner = target.open(path)
         try:
             ctx = VerifyContext(runner, component.session(runner, target.name), target.name, to_numpy(inputs),
-                                reference_outputs, _thresholds(cfg, precision), checkpoint, cfg, staging)
+                                reference_outputs, _thresholds(cfg, precision), checkpoint, cfg, staging,
+                                evidence={"model": cfg.name, "component": component.name})
             verify = component.verify or default_verify
             gate_results, details = verify(ctx)
         finally:
@@ -234,7 +238,7 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         record.note = "; ".join(g.describe() for g in gate_results)
     details.setdefault("inputs", io_contract(to_numpy(inputs)))
     details["functions"] = function_names
-    checks, note = target.post_save_checks(path, entry_inputs, cfg, precision, details, log)
+    checks, note = target.post_save_checks(path, entry_inputs, cfg, precision, details, log, ctx.evidence)
     return gate_results + checks, details, note
 
 

@@ -62,6 +62,13 @@ def resolve_precision(requested: str, target: str, model_cfg, force: bool = Fals
     return PRECISIONS[name]
 
 
+def in_fp32(op, x: torch.Tensor, *operands):
+    """op(x, *operands) computed in fp32 and returned in x's dtype: the one fp32-accumulation rule that
+    every reduced-precision matmul in the zoo uses (Fp32AccumulateLinear, and models' own layouts such as
+    gqa-llm's pre-transposed Linear). Weights stay stored in the reduced dtype."""
+    return op(x.float(), *(None if o is None else o.float() for o in operands)).to(x.dtype)
+
+
 class Fp32AccumulateLinear(nn.Module):
     """A Linear whose weight stays stored in the reduced dtype but is multiplied in fp32.
 
@@ -77,8 +84,7 @@ class Fp32AccumulateLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x):
-        bias = None if self.bias is None else self.bias.float()
-        return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
+        return in_fp32(F.linear, x, self.weight, self.bias)
 
 
 def accumulate_linears_in_fp32(module: nn.Module) -> nn.Module:

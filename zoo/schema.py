@@ -39,6 +39,9 @@ class GpuSection:
     fp16_rel_tol: dict[str, float] = field(default_factory=dict)  # fp16 compute (the phone default) vs CPU
     fp16_min_cosine: dict[str, float] = field(default_factory=dict)  # raises the fixed floor for a precision
     fp32_only: dict[str, str] = field(default_factory=dict)      # precision -> why fp16 compute is not gated
+    # A generative model's own gate (token metrics) on greedy generation computed by the GPU in fp16;
+    # empty: the model's `gates.fp16`.
+    fp16_token_gate: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,6 +101,9 @@ def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[
             if metric not in METRICS:
                 problems.append(f"gates.{precision}.{metric}: unknown metric (known: {', '.join(METRICS)})")
     gpu = cfg.gpu
+    for metric in gpu.fp16_token_gate:
+        if metric not in METRICS:
+            problems.append(f"gpu.fp16_token_gate.{metric}: unknown metric (known: {', '.join(METRICS)})")
     for precision in gpu.require_resident:
         if precision not in gpu.fp32_rel_tol:
             problems.append(f"gpu.fp32_rel_tol.{precision}: missing for a precision in gpu.require_resident")

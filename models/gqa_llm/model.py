@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.precision import in_fp32
 from zoo.targets import Entry
 
 # Additive mask value. Finite and inside fp16 range on purpose: with -inf or finfo.min, an fp16
@@ -401,8 +402,9 @@ class PretransposedLinear(nn.Module):
     transpose of the constant: on the Linux CPU runtime 241 such transposes took 88% of a
     SmolLM2 decode step (0.83 of 0.95 s). Storing W^T makes it a plain matmul.
 
-    accumulate_fp32: multiply a reduced-precision weight in fp32 (the Core AI CPU runtime otherwise
-    accumulates bf16 matmuls in bf16; see zoo.precision.Fp32AccumulateLinear for the measurement).
+    accumulate_fp32: multiply a reduced-precision weight in fp32 through the shared rule
+    (zoo.precision.in_fp32; the Core AI CPU runtime otherwise accumulates bf16 matmuls in bf16, see
+    zoo.precision.Fp32AccumulateLinear for the measurement).
     """
 
     def __init__(self, weight_t: torch.Tensor, bias: torch.Tensor | None, accumulate_fp32: bool = False):
@@ -412,7 +414,7 @@ class PretransposedLinear(nn.Module):
         self.accumulate_fp32 = accumulate_fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = (x.float() @ self.weight_t.float()).to(x.dtype) if self.accumulate_fp32 else x @ self.weight_t
+        y = in_fp32(torch.matmul, x, self.weight_t) if self.accumulate_fp32 else x @ self.weight_t
         return y if self.bias is None else y + self.bias
 
 

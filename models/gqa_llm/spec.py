@@ -127,6 +127,7 @@ def verify(ctx) -> tuple[list, dict]:
             transcripts.append(gen.token_exact_gate(references[f"prompt{i}"], candidates[f"prompt{i}"],
                                                     decode=tokenizer.decode, prompt_text=prompt).transcript)
     results = gates.evaluate(candidates, references, ctx.thresholds)
+    ctx.evidence["reference_streams"] = references  # the LiteRT GPU check replays them on its fp16 path
     (ctx.bundle_dir / "transcript.json").write_text(json.dumps(transcripts, indent=2) + "\n")
     return results, {"transcript_summary": [{k: t[k] for k in ("prompt_text", "verdict", "first_divergence",
                                                                   "min_logits_cosine", "candidate_text")}

@@ -249,7 +249,7 @@ class CoreAITarget:
         return CoreAIRunner(path)
 
     def post_save_checks(self, path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict,
-                         log) -> tuple[list, str]:
+                         log, evidence: dict | None = None) -> tuple[list, str]:
         """Nothing beyond the verify stage: the Core AI CPU runtime is the only one here."""
         return [], ""
 

@@ -91,10 +91,12 @@ class LiteRTTarget:
         return LiteRTRunner(path)
 
     def post_save_checks(self, path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict,
-                         log) -> tuple[list, str]:
+                         log, evidence: dict | None = None) -> tuple[list, str]:
         """The LiteRT GPU delegate on software Vulkan, GPU-only: residency with the delegate's reasons,
         and the GPU-vs-CPU error computing in enforced fp32 and in fp16 (what phones run by default).
-        Returns (gates, status note); the note says what the bundle's status must carry ("GPU: ...")."""
+        A generative component (its verify left reference token streams in `evidence`) is also judged
+        on the GPU's fp16 path by its own token gate. Returns (gates, status note); the note says what
+        the bundle's status must carry ("GPU: ...")."""
         from zoo import gates
         from zoo.schema import StageOutcome
 
@@ -116,6 +118,12 @@ class LiteRTTarget:
             if check["status"] == "not_run":
                 record.outcome = StageOutcome.SKIPPED
         results = gates.gpu_gates(check, precision.name, policy)
+        streams = (evidence or {}).get("reference_streams")
+        if streams and check["status"] == "accepted" and not policy.fp32_only:
+            with log.stage("gpu_fp16_tokens") as record:
+                token_gates = gpu_fp16_token_gates(path, cfg, precision, evidence)
+                record.note = "; ".join(g.describe() for g in token_gates)
+            results += token_gates
         details["gpu"]["policy"] = {"require_resident": policy.require_resident, "fp32_only": policy.fp32_only,
                                     "fp32_rel_tol": policy.fp32_rel_tol, "fp16_rel_tol": policy.fp16_rel_tol}
         return results, gpu_status_note(check, policy)
@@ -190,3 +198,27 @@ def gpu_status_note(check: dict, policy) -> str:
     if policy.fp32_only:
         return f"GPU: fp32 only — {policy.fp32_only}"
     return "GPU: resident, fp32 + fp16 checked"
+
+
+def gpu_fp16_token_gates(path: Path, cfg, precision: Precision, evidence: dict) -> list:
+    """Greedy generation on the GPU computing in fp16, through the component's own session in a GPU
+    child, judged against the same reference streams by the model's token gate for the GPU's fp16 path
+    (`gpu.fp16_token_gate`; else its fp16 gate; else its precision's)."""
+    from zoo import gates
+    from zoo.generation import streams_from_arrays
+    from zoo.targets.litert_gpu import gpu_session_run
+
+    references = evidence["reference_streams"]
+    chosen = (cfg.get("gpu") or {}).get("fp16_token_gate") or cfg.gates.get("fp16") or cfg.gates[precision.name]
+    thresholds = {k: float(v) for k, v in chosen.items()}
+    payload = {"model": evidence["model"], "component": evidence["component"], "target": "litert",
+               "new_tokens": max(len(s.tokens) for s in references.values()),
+               "prompts": {label: list(s.prompt_ids) for label, s in references.items()}}
+    status, reason, arrays = gpu_session_run(path, "zoo.generation:greedy_driver", payload)
+    candidates = streams_from_arrays(arrays, references) if status == "ran" else {}
+    labelled = {f"gpu_fp16:{k}": v for k, v in candidates.items()}
+    results = gates.evaluate(labelled, {f"gpu_fp16:{k}": v for k, v in references.items()}, thresholds)
+    if status != "ran":
+        for result in results:
+            result.output += f" ({status}: {reason})"[:200]
+    return results

@@ -536,6 +536,82 @@ def _run_signature(compiled, sig: str, inputs: dict[str, np.ndarray]) -> dict[st
     return outputs
 
 
+class GpuRunner:
+    """A GPU-only CompiledModel behind the runner interface sessions use (`run`, `input_details`), so a
+    component's own session (e.g. an LLM's prefill + decode loop) can drive the GPU like the CPU."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def input_details(self, function: str) -> dict:
+        return {name: {"shape": list(d["shape"]), "dtype": np.dtype(d["dtype"])}
+                for name, d in self.compiled.get_input_tensor_details(function).items()}
+
+    def run(self, function: str, inputs: dict[str, np.ndarray], states: dict | None = None) -> dict[str, np.ndarray]:
+        return _run_signature(self.compiled, function, inputs)
+
+    def close(self) -> None:
+        pass
+
+
+def _session_child_main(model: str, driver: str, payload_json: str, out_dir: str, enforce_f32: bool) -> int:
+    """Runs in the child: create GPU-only, then `driver(GpuRunner, payload) -> {name: array}`."""
+    import importlib
+
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+    from ai_edge_litert.options import GpuOptions, Options
+
+    options = Options(hardware_accelerators=HardwareAccelerator.GPU, gpu_options=GpuOptions(enforce_f32=enforce_f32))
+    try:
+        compiled = CompiledModel.from_file(model, options=options)
+    except Exception as exc:
+        _marker(CREATE_FAILED, json.dumps(f"{type(exc).__name__}: {exc}"))
+        return 0
+    _marker(CREATED)
+    module_name, _, function = driver.partition(":")
+    run = getattr(importlib.import_module(module_name), function)
+    _marker(RUN_START, driver)
+    try:
+        arrays = run(GpuRunner(compiled), json.loads(Path(payload_json).read_text()))
+    except Exception as exc:
+        _marker(RUN_FAILED, json.dumps(f"{driver}: {type(exc).__name__}: {exc}"))
+        return 0
+    np.savez(Path(out_dir) / "session.npz", **arrays)
+    _marker(RAN, driver)
+    return 0
+
+
+def gpu_session_run(tflite_path: Path, driver: str, payload: dict, *, enforce_f32: bool = False,
+                    timeout_s: float = 900, env: dict[str, str] | None = None) -> tuple[str, str, dict]:
+    """Drive a .tflite GPU-only through `driver` ("module:function", called as driver(runner, payload) in
+    a child process) — e.g. greedy generation on the GPU's fp16 path. Returns (status, reason, arrays):
+    status "ran", "rejected" (creation or a call failed) or "not_run" (no adapter, timeout, crash)."""
+    base_env = vulkan_env()
+    if base_env is None and env is None:
+        return "not_run", f"no Vulkan adapter: {SETUP_HINT} ({vulkan_dir()} missing)", {}
+    child_env = {**os.environ, **(base_env or {}), **(env or {})}
+    with tempfile.TemporaryDirectory(prefix="zoo-gpu-") as tmp:
+        payload_path = Path(tmp) / "payload.json"
+        payload_path.write_text(json.dumps(payload))
+        cmd = [sys.executable, "-m", "zoo.targets.litert_gpu", "--session-child", str(Path(tflite_path).resolve()),
+               driver, str(payload_path), tmp, "1" if enforce_f32 else "0"]
+        try:
+            proc = subprocess.run(cmd, env=child_env, cwd=REPO_ROOT, capture_output=True, text=True,
+                                  errors="replace", timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return "not_run", f"GPU session timed out after {timeout_s:.0f} s", {}
+        markers = {line.split(" ", 1)[0]: line.partition(" ")[2] for line in proc.stdout.splitlines()
+                   if line.startswith("ZOO_GPU_")}
+        if RAN in markers and (Path(tmp) / "session.npz").is_file():
+            with np.load(Path(tmp) / "session.npz") as data:
+                return "ran", "", {k: data[k] for k in data.files}
+        if CREATE_FAILED in markers or RUN_FAILED in markers:
+            return "rejected", _loads(markers.get(RUN_FAILED) or markers.get(CREATE_FAILED) or '""'), {}
+        tail = (proc.stderr or "").strip().splitlines()[-3:]
+        return "not_run", f"GPU session child exited {proc.returncode}: {' | '.join(tail)}", {}
+
+
 def _marker(kind: str, payload: str = "") -> None:
     print(f"{kind} {payload}".rstrip(), flush=True)
 
@@ -569,6 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         model, inputs_npz, out_dir, enforce = argv[1:5]
         return _child_main(model, inputs_npz, out_dir, enforce == "1")
+    if argv[:1] == ["--session-child"]:
+        model, driver, payload, out_dir, enforce = argv[1:6]
+        return _session_child_main(model, driver, payload, out_dir, enforce == "1")
 
     parser = argparse.ArgumentParser(prog="python -m zoo.targets.litert_gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", type=Path, help=".tflite to check on random inputs")
