@@ -120,6 +120,7 @@ def test_every_model_config_validates():
     (lambda c: c["gates"].pop("int8"), "gates.int8: missing"),                    # a precision with no gate
     (lambda c: c["gates"]["fp32"].update(cosin=0.9), "gates.fp32.cosin: unknown metric"),
     (lambda c: c["gpu"].pop("fp32_only"), "gpu.fp16_rel_tol.fp32: missing"),      # fp16 GPU run not judged
+    (lambda c: c["gates"]["bf16"].update(cosine="high"), "gates.bf16.cosine: threshold must be a number"),
 ])
 def test_broken_model_config_is_one_clear_error(tmp_path, edit, needle):
     from zoo.registry import validate_model_config
@@ -131,6 +132,13 @@ def test_broken_model_config_is_one_clear_error(tmp_path, edit, needle):
     with pytest.raises(ZooError) as err:
         validate_model_config(path)
     assert needle in err.value.problem and str(path) in err.value.problem
+
+
+def test_typed_config_still_merges_overrides(compose):
+    """A stricter nested type made OmegaConf refuse `merge(cfg, {"gates": ...})` (UnsupportedValueType)."""
+    cfg = compose(["model=t5"]).model
+    tight = OmegaConf.merge(cfg, {"gates": {"bf16": {"cosine": 0.99999}}})
+    assert tight.gates.bf16.cosine == 0.99999 and OmegaConf.get_type(tight).__name__ == "T5ModelConfig"
 
 
 def test_wrong_type_override_is_refused_before_any_work(tmp_path):

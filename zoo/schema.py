@@ -69,8 +69,10 @@ class ModelConfig:
     peak_rss_mb: Optional[int] = None          # expected peak RSS of one bundle (for launchers that pack by memory)
     variants: dict[str, Any] = field(default_factory=dict)
     default_precision: dict[str, str] = MISSING
-    refused_precisions: dict[str, dict[str, str]] = field(default_factory=dict)
-    gates: dict[str, dict[str, float]] = MISSING
+    # Nested dicts stay `Any` inside: OmegaConf 2.3 cannot merge into Dict[str, Dict[str, float]]
+    # ("Value 'AnyNode' is not a supported primitive type"); check_semantics checks their values instead.
+    refused_precisions: dict[str, Any] = field(default_factory=dict)   # target -> {precision: reason}
+    gates: dict[str, Any] = MISSING                                     # precision -> {metric: threshold}
     gpu: GpuSection = field(default_factory=GpuSection)
     bench: BenchSection = field(default_factory=BenchSection)
     coreai: TargetOptions = field(default_factory=TargetOptions)
@@ -97,9 +99,17 @@ def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[
                 problems.append(f"gates.{precision}: missing, but {target} builds {precision} for this model "
                                 f"(add thresholds, or refuse it under refused_precisions.{target}.{precision})")
     for precision, thresholds in cfg.gates.items():
-        for metric in thresholds:
+        if not hasattr(thresholds, "items"):
+            problems.append(f"gates.{precision}: must map metric names to thresholds, got {thresholds!r}")
+            continue
+        for metric, threshold in thresholds.items():
             if metric not in METRICS:
                 problems.append(f"gates.{precision}.{metric}: unknown metric (known: {', '.join(METRICS)})")
+            elif isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+                problems.append(f"gates.{precision}.{metric}: threshold must be a number, got {threshold!r}")
+    for target, refusals in refused.items():
+        if not hasattr(refusals, "items") or not all(isinstance(v, str) for v in refusals.values()):
+            problems.append(f"refused_precisions.{target}: must map precisions to the reason (a string)")
     gpu = cfg.gpu
     for metric in gpu.fp16_token_gate:
         if metric not in METRICS:
