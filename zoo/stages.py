@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
+from zoo.bundle import pause_here_for_tests
+
 
 @dataclass
 class StageRecord:
@@ -56,6 +58,7 @@ class StageLog:
         sampler.start()
         start = time.perf_counter()
         try:
+            pause_here_for_tests(name)  # no-op unless a fault-injection test asks to stop here
             yield record
         except BaseException as exc:
             record.outcome = "failed"
