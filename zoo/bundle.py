@@ -251,6 +251,9 @@ def disk_full_error(folder: Path, needed: int | None = None, free: int | None = 
                     cause: BaseException | None = None) -> DiskFull:
     """The one message for a full disk: which folder, how many bytes needed (when known) and free."""
     folder = _full_folder(Path(folder), _failed_filename(cause)) if cause is not None else Path(folder)
+    in_temp = _in_zoo_temp_folder(folder)
+    if in_temp:
+        folder = Path(tempfile.gettempdir())  # not the scratch folder itself, which is gone by now
     filename = _failed_filename(cause)
     if free is None:
         with contextlib.suppress(OSError):
@@ -258,7 +261,6 @@ def disk_full_error(folder: Path, needed: int | None = None, free: int | None = 
     need = f"the bundle needs about {_human(needed)} ({needed} bytes)" if needed else "the disk filled up"
     have = f"{free} bytes are free" if free is not None else "free space unknown"
     while_writing = f" (writing {filename} failed: no space left on device)" if filename else ""
-    in_temp = _is_under(Path(folder), Path(tempfile.gettempdir()))
     where = "point TMPDIR at a larger disk" if in_temp else "choose another folder with out_dir=PATH (make convert OUT=PATH)"
     return DiskFull(
         f"Not enough disk space in {folder}: {need}, {have}{while_writing}. "
@@ -274,10 +276,19 @@ def _full_folder(out_folder: Path, filename: str | None) -> Path:
         path = Path(filename)
         if _is_under(path, out_folder):
             return out_folder
-        return tmp if _is_under(path, tmp) else _existing_ancestor(path.parent)
+        return tmp if _in_zoo_temp_folder(path) else _existing_ancestor(path.parent)
     with contextlib.suppress(OSError):  # no file name in the error: the fuller of the two is the suspect
         return min((out_folder, tmp), key=lambda f: free_bytes(_existing_ancestor(f)))
     return out_folder
+
+
+def _in_zoo_temp_folder(path: Path) -> bool:
+    """Inside one of our zoo-scratch-/zoo-gpu- folders in the system temp dir (not merely under /tmp)."""
+    try:
+        first = path.resolve().relative_to(Path(tempfile.gettempdir()).resolve()).parts[:1]
+    except ValueError:
+        return False
+    return bool(first) and TEMP_FOLDER.match(first[0]) is not None
 
 
 def _failed_filename(exc: BaseException | None) -> str | None:
