@@ -31,6 +31,7 @@ from zoo.errors import ZooError
 
 ROOT = Path(__file__).resolve().parent.parent
 CONVERT = ["-m", "zoo.convert", "model=t5", "target=litert", "weights=tiny", "model.gpu.check=false"]
+CONVERT_COREAI = ["-m", "zoo.convert", "model=t5", "target=coreai", "weights=tiny"]
 PAUSE_TIMEOUT_S = 180
 
 
@@ -55,10 +56,12 @@ class Case:
     out: Path  # out_dir
     tmp: Path  # TMPDIR of the subprocesses
     good: dict[str, str]  # hashes of the good bundle copied in
+    command: tuple[str, ...] = tuple(CONVERT)
+    bundle: str = "litert-fp32"
 
     @property
     def live(self) -> Path:
-        return self.out / "t5" / "litert-fp32"
+        return self.out / "t5" / self.bundle
 
     def leftovers(self, pid: int | None = None) -> list[str]:
         beside = [p.name for p in self.live.parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
@@ -78,7 +81,7 @@ class Run:
         if pause_at:
             env[bundle.PAUSE_AT_ENV] = pause_at
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, *CONVERT, f"out_dir={case.out}", *args], cwd=ROOT,
+            self.proc = subprocess.Popen([sys.executable, *case.command, f"out_dir={case.out}", *args], cwd=ROOT,
                                          env=env, stdout=log, stderr=subprocess.STDOUT)
 
     @property
@@ -126,16 +129,19 @@ def process_gone(pid: int) -> bool:
 # ---------------------------------------------------------------- fixtures
 
 
+def convert_good_bundle(out: Path, command: list[str], name: str) -> Path:
+    proc = subprocess.run([sys.executable, *command, f"out_dir={out}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={k: v for k, v in os.environ.items() if k != bundle.PAUSE_AT_ENV})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    live = out / "t5" / name
+    assert_complete_bundle(live)
+    return live
+
+
 @pytest.fixture(scope="module")
 def good_bundle(tmp_path_factory) -> Path:
     """One real conversion per module; every case starts from a copy of it."""
-    out = tmp_path_factory.mktemp("good")
-    proc = subprocess.run([sys.executable, *CONVERT, f"out_dir={out}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={k: v for k, v in os.environ.items() if k != bundle.PAUSE_AT_ENV})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    live = out / "t5" / "litert-fp32"
-    assert_complete_bundle(live)
-    return live
+    return convert_good_bundle(tmp_path_factory.mktemp("good"), CONVERT, "litert-fp32")
 
 
 @pytest.fixture
@@ -173,6 +179,24 @@ def test_sigkill_keeps_a_good_bundle_and_the_next_run_recovers(case, point):
         assert f"removed {name}" in after.output or name in after.output, (name, after.output)
     recovered = json.loads((case.live / "report.json").read_text())["recovered"]
     assert recovered and all(any(name in note for note in recovered) for name in stranded)
+
+
+def test_sigkill_mid_swap_of_a_coreai_bundle(tmp_path):
+    """The same swap for a Core AI bundle, whose artifact is a folder (model.aimodel/)."""
+    case = Case(tmp_path / "out", tmp_path / "tmp", {}, tuple(CONVERT_COREAI), "coreai-bf16")
+    case.tmp.mkdir()
+    case.good = hashes(convert_good_bundle(case.out, CONVERT_COREAI, "coreai-bf16"))
+    run = Run(case, pause_at="swap", name="killed")
+    run.wait_for_pause()
+    [retired] = [p for p in case.live.parent.iterdir() if ".tmp-" in p.name]
+    assert hashes(retired) == case.good and any(p.is_dir() for p in retired.iterdir())
+    run.kill()
+    assert_complete_bundle(case.live)
+    after = Run(case, name="next")
+    assert after.finish() == 0, after.output
+    assert f"removed {retired.name}" in after.output
+    assert_complete_bundle(case.live)
+    assert case.leftovers() == []
 
 
 def _writer_script(mode: str) -> list[str]:
@@ -260,11 +284,11 @@ def test_two_runs_of_one_bundle_take_turns_and_no_wait_fails_clearly(case):
     first.wait_for_pause()
 
     impatient = Run(case, "no_wait=true", name="impatient")
+    second = Run(case, name="second")  # started together: the box has two cores
     assert impatient.finish() == 2, impatient.output
     assert f"Another zoo run (PID {first.pid}) is writing the bundle {case.live}" in impatient.output
     assert "Fix:" in impatient.output and "Traceback" not in impatient.output
 
-    second = Run(case, name="second")
     wait_until(lambda: "waiting for another zoo run" in second.output, second, "the waiting message")
     assert f"(PID {first.pid})" in second.output
     first.resume()

@@ -99,7 +99,9 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    # os.open rather than mkstemp: the file gets the usual permissions (0666 less the umask), not 0600.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -127,6 +129,14 @@ def _fsync_path(path: Path, flags: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask can only set it, racing other threads)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    return 0o022
 
 
 def _remove(path: Path) -> None:
@@ -537,6 +547,7 @@ class BundleWriter:
                 self._say(note)
             self.staging = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.tmp-{os.getpid()}-",
                                                  dir=self.final.parent))
+            os.chmod(self.staging, 0o777 & ~_umask())  # mkdtemp makes it 0700; a bundle is an ordinary folder
         except BaseException as exc:
             self._unlock()
             if is_disk_full(exc):
