@@ -405,6 +405,16 @@ def test_free_space_check_names_the_folder_and_the_bytes(tmp_path):
     assert "out_dir=" in err.value.fix
 
 
+def test_enospc_in_a_scratch_folder_names_the_temp_dir_and_tmpdir(tmp_path):
+    import tempfile
+
+    scratch_file = Path(tempfile.gettempdir()) / f"zoo-scratch-{os.getpid()}-x" / "fp32.tflite"
+    err = bundle.disk_full_error(tmp_path / "out", cause=OSError(errno.ENOSPC, "No space left", str(scratch_file)))
+    assert err.problem.startswith(f"Not enough disk space in {tempfile.gettempdir()}:") and "TMPDIR" in err.fix
+    err = bundle.disk_full_error(tmp_path, cause=OSError(errno.ENOSPC, "No space left", str(tmp_path / "x.json")))
+    assert err.problem.startswith(f"Not enough disk space in {tmp_path}:") and "out_dir=PATH" in err.fix
+
+
 def test_disk_full_is_recognised_through_wrapping_exceptions():
     try:
         try:

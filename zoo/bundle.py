@@ -261,7 +261,7 @@ def disk_full_error(folder: Path, needed: int | None = None, free: int | None = 
                     cause: BaseException | None = None) -> DiskFull:
     """The one message for a full disk: which folder, how many bytes needed (when known) and free."""
     folder = _full_folder(Path(folder), _failed_filename(cause)) if cause is not None else Path(folder)
-    in_temp = _in_zoo_temp_folder(folder)
+    in_temp = _in_zoo_temp_folder(folder) or folder == Path(tempfile.gettempdir())
     if in_temp:
         folder = Path(tempfile.gettempdir())  # not the scratch folder itself, which is gone by now
     filename = _failed_filename(cause)
@@ -302,7 +302,9 @@ def _in_zoo_temp_folder(path: Path) -> bool:
 
 
 def _failed_filename(exc: BaseException | None) -> str | None:
-    while exc is not None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
         if isinstance(exc, OSError) and exc.filename:
             return os.fsdecode(exc.filename)
         exc = exc.__cause__ or exc.__context__
