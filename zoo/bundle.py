@@ -271,7 +271,8 @@ def disk_full_error(folder: Path, needed: int | None = None, free: int | None = 
     need = f"the bundle needs about {_human(needed)} ({needed} bytes)" if needed else "the disk filled up"
     have = f"{free} bytes are free" if free is not None else "free space unknown"
     while_writing = f" (writing {filename} failed: no space left on device)" if filename else ""
-    where = "point TMPDIR at a larger disk" if in_temp else "choose another folder with out_dir=PATH (make convert OUT=PATH)"
+    where = ("point TMPDIR at a larger disk" if in_temp
+             else "choose another folder with out_dir=PATH (make convert OUT=PATH)")
     return DiskFull(
         f"Not enough disk space in {folder}: {need}, {have}{while_writing}. "
         "Any unfinished bundle was removed; the previous bundle, if any, is untouched.",
@@ -461,7 +462,8 @@ def remove_stale_temp_folders(tmp_dir: Path | None = None) -> list[str]:
                 continue  # another run removed it first
             except OSError:
                 continue  # not ours to remove (another user's, say): leave it
-            notes.append(f"removed {entry.path}, a temporary folder left by zoo run PID {m.group(2)} (no longer running)")
+            pid = m.group(2)
+            notes.append(f"removed {entry.path}, a temporary folder left by zoo run PID {pid} (no longer running)")
     return notes
 
 

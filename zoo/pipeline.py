@@ -140,7 +140,8 @@ def convert_model(cfg, targets: list[str], precision: str = "default", force_pre
 
 
 def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_outputs, port_parity,
-                   target_name: str, precision: Precision, writer: BundleWriter, shared: StageLog, console) -> BundleResult:
+                   target_name: str, precision: Precision, writer: BundleWriter, shared: StageLog,
+                   console) -> BundleResult:
     target = get_target(target_name)
     log = StageLog(on_finish=console.stage if console else None)
     report = {
