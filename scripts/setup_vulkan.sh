@@ -3,24 +3,32 @@
 # accelerator can run on a CPU-only Debian 12 machine (toolchain.md §3.1). Debian 12's own Mesa (22.3)
 # is refused by the accelerator ("No adapters found"), so Mesa comes from bookworm-backports.
 #
-# Nothing is installed into the system and the system Mesa is left alone: the .debs are only downloaded
-# and unpacked (dpkg -x) into a private folder. The one system change is an apt source for
-# bookworm-backports, added only when none is configured.
+# Nothing outside the project is touched: no apt source in /etc, no system `apt-get update`, no package
+# installed, the system Mesa left alone. apt reads a project-local sources list and keeps its package
+# lists and cache in .cache/apt/ (the -o Dir::... options below); the .debs are only downloaded and
+# unpacked (dpkg -x) into a private folder. Root is not needed.
 #
 # Result (used by zoo/targets/litert_gpu.py):
 #   .cache/vulkan/lib/           every library lavapipe needs that a fresh Debian 12 lacks
 #   .cache/vulkan/lvp_icd.json   Vulkan ICD manifest pointing at lib/libvulkan_lvp.so
 #   .cache/vulkan/MANIFEST       the package versions that were unpacked
+#   .cache/apt/                  the private apt sources list, package lists and download cache
 #
-# Usage: scripts/setup_vulkan.sh [--force]     (root is needed only to add the apt source and update)
+# On any other OS or architecture the script says so and exits 1; `make setup` carries on (the Python
+# toolchain does not need this), and every LiteRT bundle reports its GPU check as "not run"
+# (unless ZOO_REQUIRE_GPU_CHECK=1, as in CI, which makes that a failure).
+#
+# Usage: scripts/setup_vulkan.sh [--force]
 # Env:   ZOO_VULKAN_DIR   target folder (default: <repo>/.cache/vulkan)
+#        ZOO_APT_DIR      private apt state (default: <repo>/.cache/apt)
 #        ZOO_PYTHON       python with ai_edge_litert, for the final checks (default: <repo>/.venv/bin/python)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEST=$(realpath -m "${ZOO_VULKAN_DIR:-$REPO/.cache/vulkan}")
+APT_DIR=$(realpath -m "${ZOO_APT_DIR:-$REPO/.cache/apt}")
 PYTHON=${ZOO_PYTHON:-$REPO/.venv/bin/python}
-BACKPORTS_FILE=/etc/apt/sources.list.d/zoo-bookworm-backports.sources
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg  # Debian's own archive keys, read only
 STAGE=""  # the folder being built; removed on any exit before it is swapped in
 
 # From bookworm-backports: Mesa >= 25 and the libdrm it was built against.
@@ -39,17 +47,25 @@ BOOKWORM_PKGS=(
 
 say() { printf '[setup_vulkan] %s\n' "$*"; }
 die() { printf '[setup_vulkan] ERROR: %s\n' "$*" >&2; exit 1; }
+unsupported() {
+    printf '[setup_vulkan] unsupported platform: %s\n' "$*" >&2
+    printf '[setup_vulkan] the software Vulkan driver is only packaged here for Debian 12 x86_64; the Python\n' >&2
+    printf '[setup_vulkan] toolchain works without it, and LiteRT bundles will report the GPU check as "not run".\n' >&2
+    exit 1
+}
 
 check_platform() {
-    [[ $(uname -m) == x86_64 ]] || die "needs x86_64 (found $(uname -m))."
+    [[ $(uname -s) == Linux ]] || unsupported "needs Linux (found $(uname -s))."
+    [[ $(uname -m) == x86_64 ]] || unsupported "needs x86_64 (found $(uname -m))."
     local codename
     # shellcheck disable=SC1091
     codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
     [[ $codename == bookworm ]] ||
-        die "needs Debian 12 (bookworm); found '${codename:-unknown}'. The package list is bookworm-specific."
-    for tool in apt-get apt-cache dpkg ldd; do
-        command -v "$tool" >/dev/null || die "'$tool' not found."
+        unsupported "needs Debian 12 (bookworm); found '${codename:-unknown}'. The package list is bookworm-specific."
+    for tool in apt-get apt-cache dpkg dpkg-deb ldd; do
+        command -v "$tool" >/dev/null || unsupported "'$tool' not found."
     done
+    [[ -r $KEYRING ]] || unsupported "$KEYRING (package debian-archive-keyring) not found."
 }
 
 # The accelerator library ships inside the ai_edge_litert wheel; its dependencies are checked too.
@@ -76,36 +92,41 @@ is_set_up() {
         [[ -z $(missing_libs "$DEST/lib") ]]
 }
 
-ensure_backports_source() {
-    if grep -qsr --include='*.list' --include='*.sources' -E '^[^#]*bookworm-backports' \
-        /etc/apt/sources.list /etc/apt/sources.list.d/; then
-        say "bookworm-backports already in apt sources"
-        return
-    fi
-    [[ $EUID -eq 0 ]] || die "bookworm-backports is not in the apt sources and adding it needs root: rerun as root."
-    cat >"$BACKPORTS_FILE" <<'EOF'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+# apt, pointed at the project-local sources list, lists and cache instead of /etc/apt and /var/lib/apt.
+# (The system's dpkg status is only read: apt-get download and apt-cache show install nothing.)
+APT_OPTS=(
+    -o "Dir::Etc::sourcelist=$APT_DIR/sources.list"
+    -o "Dir::Etc::sourceparts=-"
+    -o "Dir::State::Lists=$APT_DIR/lists"
+    -o "Dir::Cache=$APT_DIR/cache"
+    -o "Dir::Etc::preferences=$APT_DIR/preferences"  # no system pinning: versions are chosen by release
+    -o "Dir::Etc::preferencesparts=$APT_DIR/preferences.d"
+    -o "APT::Architecture=amd64" -o "APT::Architectures=amd64"
+    -o "Acquire::Languages=none"
+)
+# As root, apt drops to the _apt user to download, which cannot write into a private folder.
+if [[ $EUID -eq 0 ]]; then APT_OPTS+=(-o APT::Sandbox::User=root); fi
+
+write_apt_sources() {
+    mkdir -p "$APT_DIR/lists/partial" "$APT_DIR/cache/archives/partial" "$APT_DIR/preferences.d"
+    # bookworm (+ updates, security) for the Vulkan loader and lavapipe's dependencies; backports for Mesa.
+    cat >"$APT_DIR/sources.list" <<EOF
+deb [signed-by=$KEYRING] http://deb.debian.org/debian bookworm main
+deb [signed-by=$KEYRING] http://deb.debian.org/debian bookworm-updates main
+deb [signed-by=$KEYRING] http://deb.debian.org/debian-security bookworm-security main
+deb [signed-by=$KEYRING] http://deb.debian.org/debian bookworm-backports main
 EOF
-    say "added $BACKPORTS_FILE"
 }
 
 apt_update() {
-    if [[ $EUID -eq 0 ]]; then
-        say "apt-get update"
-        apt-get update -qq || die "apt-get update failed."
-    else
-        say "not root: skipping apt-get update (using the existing package lists)"
-    fi
+    say "apt-get update into $APT_DIR (project-local; the system's apt lists are not touched)"
+    apt-get "${APT_OPTS[@]}" update -qq || die "apt-get update (project-local) failed: is deb.debian.org reachable?"
 }
 
 # Mesa links one specific LLVM (libllvm15 for 25.0.x); take it from Mesa's Depends so a newer
 # backport that moves to another LLVM still gets the right one.
 llvm_package() {
-    apt-cache show mesa-vulkan-drivers/bookworm-backports 2>/dev/null |
+    apt-cache "${APT_OPTS[@]}" show mesa-vulkan-drivers/bookworm-backports 2>/dev/null |
         awk '/^Depends:/ {print; exit}' | grep -o 'libllvm[0-9]*' | head -n1
 }
 
@@ -116,10 +137,7 @@ download_and_unpack() {
     for p in "${BACKPORT_PKGS[@]}"; do pkgs+=("$p/bookworm-backports"); done
     pkgs+=("${BOOKWORM_PKGS[@]}" "$llvm")
     say "downloading ${#pkgs[@]} packages: ${pkgs[*]}"
-    # As root, apt drops to the _apt user to download, which cannot write into a private folder.
-    local sandbox=()
-    [[ $EUID -eq 0 ]] && sandbox=(-o APT::Sandbox::User=root)
-    (cd "$stage/debs" && apt-get download -qq "${sandbox[@]}" "${pkgs[@]}") ||
+    (cd "$stage/debs" && apt-get download -qq "${APT_OPTS[@]}" "${pkgs[@]}") ||
         die "apt-get download failed (is bookworm-backports reachable? does it still carry mesa-vulkan-drivers?)."
     local deb
     for deb in "$stage"/debs/*.deb; do
@@ -164,7 +182,7 @@ main() {
         return
     fi
     local t0=$SECONDS
-    ensure_backports_source
+    write_apt_sources
     apt_update
     local llvm; llvm=$(llvm_package)
     [[ -n $llvm ]] || die "mesa-vulkan-drivers not found in bookworm-backports (apt-cache show failed)."

@@ -31,7 +31,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     console = console or Console()
     results = convert_model(
         cfg.model, list(cfg.target.names), precision=cfg.precision.name, force_precision=bool(cfg.precision.force),
-        out_dir=cfg.out_dir, console=console, weights_spec=cfg.weights,
+        out_dir=cfg.out_dir, console=console, weights_spec=cfg.weights, no_wait=bool(cfg.get("no_wait", False)),
     )
     console.summary(results)
     if any(r.status == "error" for r in results):

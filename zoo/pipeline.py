@@ -22,7 +22,8 @@ import torch
 from omegaconf import OmegaConf
 
 from zoo import gates, weights
-from zoo.bundle import MANIFEST, REPORT, BundleWriter, ensure_writable, file_hashes, folder_bytes, write_json
+from zoo.bundle import (MANIFEST, REPORT, BundleWriter, ensure_free_space, ensure_writable, expected_bundle_bytes,
+                        file_hashes, folder_bytes, is_disk_full, safe_out_dir, temp_prefix, write_json)
 from zoo.errors import ZooError
 from zoo.precision import Precision, resolve_precision
 from zoo.registry import Component, ModelSpec, get_spec
@@ -111,13 +112,16 @@ def resolve_all_precisions(cfg, targets: list[str], requested: str, force: bool)
 
 def convert_model(cfg, targets: list[str], precision: str = "default", force_precision: bool = False,
                   out_dir: Path = Path("exports"), console=None, weights_spec: str | None = None,
-                  components: list[str] | None = None) -> list[BundleResult]:
+                  components: list[str] | None = None, no_wait: bool = False) -> list[BundleResult]:
     """Every component (or the named ones) of one model through every requested target. Returns one
-    result per bundle."""
+    result per bundle.
+
+    `no_wait`: fail at once (ZooError) instead of waiting when another run is writing the same bundle."""
+    out_dir = safe_out_dir(out_dir)  # refuses an empty out_dir or one inside a bundle, before any work
     spec = get_spec(cfg)
     selected = [spec.component(n) for n in components] if components else spec.components
     precisions = resolve_all_precisions(cfg, targets, precision, force_precision)
-    ensure_writable(Path(out_dir))
+    ensure_writable(out_dir)
     shared = StageLog(**(console.stage_log_hooks() if console else {}))
     with shared.stage("resolve_weights") as record:
         checkpoint = weights.resolve(cfg, weights_spec or cfg.weights, spec.tiny_dir, spec.random_checkpoint,
@@ -138,28 +142,30 @@ def convert_model(cfg, targets: list[str], precision: str = "default", force_pre
         for target in targets:
             if console:
                 console.begin(spec.name, component.name, target, precisions[target].name)
-            results.append(
-                convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_outputs, port_parity,
-                               target, precisions[target], Path(out_dir), shared, console)
-            )
+            final = bundle_path(out_dir, spec, component, target, precisions[target].name)
+            with BundleWriter(final, no_wait=no_wait) as writer:  # lock, recovery, cleanup on any exit
+                results.append(
+                    convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_outputs, port_parity,
+                                   target, precisions[target], writer, shared, console)
+                )
     return results
 
 
 def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_outputs, port_parity,
-                   target_name: str, precision: Precision, out_dir: Path, shared: StageLog, console) -> BundleResult:
+                   target_name: str, precision: Precision, writer: BundleWriter, shared: StageLog,
+                   console) -> BundleResult:
     target = get_target(target_name)
-    final = bundle_path(out_dir, spec, component, target_name, precision.name)
-    writer = BundleWriter(final)
     log = StageLog(**(console.stage_log_hooks() if console else {}))
     report = {
         "model": spec.name, "component": component.name, "target": target_name, "precision": precision.name,
         "weights": _weights_summary(checkpoint), "port_parity_cosine": port_parity,
         "model_config": config_snapshot(cfg),  # thresholds, lengths, options: what this bundle was made with
         "created_unix": int(time.time()), "status": "running",
+        "recovered": writer.recovered,  # what this run put right after an earlier killed run
     }
     result = BundleResult(spec.name, component.name, target_name, precision.name, BundleStatus.ERROR, None)
     try:
-        with tempfile.TemporaryDirectory(prefix="zoo-scratch-") as scratch:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix("scratch")) as scratch:
             gate_results, details, note = _stages(target, component, cfg, checkpoint, module, inputs,
                                                   reference_outputs, precision, Path(scratch), writer.staging, log)
         report.update(details)
@@ -169,6 +175,8 @@ def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_o
         writer.discard()  # the live bundle was never touched
         raise
     except Exception as exc:  # a failed stage: record it, keep the evidence, never touch the live bundle
+        if is_disk_full(exc):
+            raise  # no evidence to keep on a full disk: the writer removes staging and names the folder
         result.error, result.traceback = describe_failure(exc, log)
     report.update(status=str(result.status), status_note=result.note, error=result.error,
                   traceback=result.traceback, session=_session_kind(component),
@@ -218,6 +226,7 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         record.outcome, record.note = ((StageOutcome.OK, note) if note
                                        else (StageOutcome.SKIPPED, target.compression_skipped))
     with log.stage("save"):
+        ensure_free_space(staging.parent, expected_bundle_bytes(artifact, prepared))
         path = target.save(artifact, staging, {"author": "zoo", "description": f"{cfg.name} {component.name}"})
         if component.extra_files:
             component.extra_files(checkpoint, cfg, staging)

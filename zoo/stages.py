@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from zoo.bundle import pause_here_for_tests
 from zoo.schema import StageOutcome
 
 
@@ -70,6 +71,7 @@ class StageLog:
         sampler.start()
         start = time.perf_counter()
         try:
+            pause_here_for_tests(name)  # no-op unless a fault-injection test asks to stop here
             yield record
         except BaseException as exc:
             record.outcome = StageOutcome.FAILED

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo.bundle import ensure_free_space, expected_bundle_bytes
 from zoo.precision import Precision
 from zoo.targets import TARGET_PRECISIONS, Entry, NamedIO
 
@@ -75,10 +76,13 @@ class LiteRTTarget:
         return None  # litert_torch.convert runs torch.export itself; its time is under `convert`
 
     def convert(self, entries: list[Entry], exported, scratch: Path) -> Path:
+        # The converter writes through LLVM, which aborts the whole process on a full disk: check first.
+        ensure_free_space(scratch, max(expected_bundle_bytes(None, e.module) for e in entries))
         return convert_entries(entries, scratch / "fp32.tflite")
 
     def compress(self, fp32_path: Path, precision: Precision, scratch: Path, **_):
         if precision.name in ("fp16", "int8"):
+            ensure_free_space(scratch, fp32_path.stat().st_size)  # the compressed copy is never larger
             return quantize(fp32_path, precision, scratch / f"{precision.name}.tflite")
         return fp32_path, None
 

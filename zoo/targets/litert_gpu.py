@@ -76,10 +76,16 @@ def vulkan_dir() -> Path:
 
 @functools.cache
 def _xdg_runtime_dir() -> str:
-    # Mesa/Dawn want a private runtime dir; mkdtemp makes it 0700. One per process, removed at exit.
-    path = tempfile.mkdtemp(prefix="zoo-xdg-")
+    # Mesa/Dawn want a private runtime dir; mkdtemp makes it 0700. One per process, removed at exit
+    # (or, after a SIGKILL, by the next run: the PID in the name says whose it is, see zoo/bundle.py).
+    path = tempfile.mkdtemp(prefix=_temp_prefix("xdg"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
+
+
+def _temp_prefix(kind: str) -> str:
+    # Same as zoo.bundle.temp_prefix (this file also runs as the child, without the zoo package).
+    return f"zoo-{kind}-{os.getpid()}-"
 
 
 def vulkan_env() -> dict[str, str] | None:
@@ -254,7 +260,7 @@ def gpu_check(
     child_env = {**os.environ, **(base_env or {}), **(env or {})}
 
     runs: dict[str, _ModeRun] = {}
-    with tempfile.TemporaryDirectory(prefix="zoo-gpu-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=_temp_prefix("gpu")) as tmp:
         inputs_npz = _save_inputs(Path(tmp), inputs)
         for mode, enforce_f32 in MODES.items():
             time_left = max(timeout_s - (time.monotonic() - start), 0.1)
@@ -304,7 +310,7 @@ def _run_mode(model: Path, inputs_npz: Path, enforce_f32: bool, env: dict, timeo
     # -P: do not put zoo/targets/ on sys.path; running the file (not -m) skips zoo/targets/__init__
     # (torch), so the child loads only numpy and LiteRT.
     cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "--child", str(model), str(inputs_npz),
-           str(out_dir), "1" if enforce_f32 else "0"]
+           str(out_dir), "1" if enforce_f32 else "0", str(os.getpid())]
     mode = "fp32" if enforce_f32 else "fp16"
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, errors="replace", timeout=timeout_s)
@@ -439,7 +445,7 @@ def gpu_available() -> tuple[bool, str]:
     """Can a WebGPU adapter be created and run a one-op model? Asked once per process."""
     if vulkan_env() is None:
         return False, f"no Vulkan adapter: {SETUP_HINT} ({vulkan_dir()} missing)"
-    with tempfile.TemporaryDirectory(prefix="zoo-gpu-probe-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=_temp_prefix("gpu-probe")) as tmp:
         path = Path(tmp) / "relu.tflite"
         path.write_bytes(_relu_model())
         x = np.array([[-1.0, 0.5, -0.25, 2.0]], np.float32)
@@ -483,6 +489,32 @@ def _relu_model() -> bytes:
 
 
 # ---------------------------------------------------------------- child side
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """A SIGKILLed conversion must not leave its GPU check running: ask the kernel to SIGKILL this
+    child when its parent dies (PR_SET_PDEATHSIG). Done here rather than in a preexec_fn, which is
+    unsafe in a parent with threads (the stage RSS sampler); the getppid check closes the window
+    between fork and this call."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent's timeout still bounds the child
+        return
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _pause_for_tests() -> None:
+    """The fault-injection pause point "gpu_child" (tests/test_faults.py); a no-op otherwise."""
+    if "gpu_child" not in os.environ.get("ZOO_TEST_PAUSE_AT", "").split(","):
+        return
+    sys.path.insert(0, str(REPO_ROOT))
+    from zoo.bundle import pause_here_for_tests
+
+    pause_here_for_tests("gpu_child")
 
 
 def _child_main(model: str, inputs_npz: str, out_dir: str, enforce_f32: bool) -> int:
@@ -643,7 +675,9 @@ def random_inputs(tflite_path: Path, seed: int = 0) -> dict[str, dict[str, np.nd
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        model, inputs_npz, out_dir, enforce = argv[1:5]
+        model, inputs_npz, out_dir, enforce, parent = argv[1:6]
+        _die_with_parent(int(parent))
+        _pause_for_tests()
         return _child_main(model, inputs_npz, out_dir, enforce == "1")
     if argv[:1] == ["--session-child"]:
         model, driver, payload, out_dir, enforce = argv[1:6]
