@@ -129,6 +129,17 @@ def process_gone(pid: int) -> bool:
 # ---------------------------------------------------------------- fixtures
 
 
+@pytest.fixture(scope="module", autouse=True)
+def bundles_without_the_gpu_check():
+    """These tests are about files and processes, so their bundles skip the GPU check
+    (model.gpu.check=false). CI's ZOO_REQUIRE_GPU_CHECK=1 would rightly fail such bundles; it is lifted
+    here only, for this module's conversions (in-process and the subprocesses they start)."""
+    saved = os.environ.pop("ZOO_REQUIRE_GPU_CHECK", None)
+    yield
+    if saved is not None:
+        os.environ["ZOO_REQUIRE_GPU_CHECK"] = saved
+
+
 def convert_good_bundle(out: Path, command: list[str], name: str) -> Path:
     proc = subprocess.run([sys.executable, *command, f"out_dir={out}"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, env={k: v for k, v in os.environ.items() if k != bundle.PAUSE_AT_ENV})

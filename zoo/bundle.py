@@ -60,7 +60,7 @@ SPACE_SLACK_BYTES = 1 << 20
 # Temporary folders in the system temp dir carry the owning PID, so a later run can tell a dead
 # run's leftovers from a live run's working folder. zoo/targets/litert_gpu.py spells the same
 # prefixes itself (its GPU child runs without the zoo package on the path).
-TEMP_FOLDER = re.compile(r"^zoo-(scratch|gpu|gpu-probe|xdg)-(\d+)-")
+TEMP_FOLDER = re.compile(r"^zoo-(scratch|gpu|gpu-probe|xdg|multirun)-(\d+)-")
 
 # Test hook (tests/test_faults.py): stop at a named point so a test can kill the run exactly there.
 PAUSE_AT_ENV = "ZOO_TEST_PAUSE_AT"  # comma-separated pause points: stage names, or "swap"

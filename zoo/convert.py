@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
+from zoo.bundle import temp_prefix
 from zoo.console import Console
 from zoo.errors import ZooError
 from zoo.registry import CONFIG_DIR, check_choices, register_model_configs
@@ -93,7 +94,12 @@ def main() -> None:
     except ZooError as exc:
         Console().error(exc)
         sys.exit(exc.exit_code)
-    with tempfile.TemporaryDirectory(prefix="zoo-multirun-") as status_dir:
+    if not ({"-m", "--multirun"} & set(sys.argv[1:])):
+        _hydra_main()
+        return
+    # Multirun jobs leave their exit codes here; the folder names this process, so a killed run's is
+    # removed by the next run's recovery (zoo.bundle.remove_stale_temp_folders).
+    with tempfile.TemporaryDirectory(prefix=temp_prefix("multirun")) as status_dir:
         os.environ[STATUS_DIR_ENV] = status_dir
         _hydra_main()
         codes = [int(p.read_text() or 1) for p in Path(status_dir).glob("*.code")]

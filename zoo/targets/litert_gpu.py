@@ -623,11 +623,11 @@ def gpu_session_run(tflite_path: Path, driver: str, payload: dict, *, enforce_f3
     if base_env is None and env is None:
         return "not_run", f"no Vulkan adapter: {SETUP_HINT} ({vulkan_dir()} missing)", {}
     child_env = {**os.environ, **(base_env or {}), **(env or {})}
-    with tempfile.TemporaryDirectory(prefix="zoo-gpu-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=_temp_prefix("gpu")) as tmp:
         payload_path = Path(tmp) / "payload.json"
         payload_path.write_text(json.dumps(payload))
         cmd = [sys.executable, "-m", "zoo.targets.litert_gpu", "--session-child", str(Path(tflite_path).resolve()),
-               driver, str(payload_path), tmp, "1" if enforce_f32 else "0"]
+               driver, str(payload_path), tmp, "1" if enforce_f32 else "0", str(os.getpid())]
         try:
             proc = subprocess.run(cmd, env=child_env, cwd=REPO_ROOT, capture_output=True, text=True,
                                   errors="replace", timeout=timeout_s)
@@ -680,7 +680,8 @@ def main(argv: list[str] | None = None) -> int:
         _pause_for_tests()
         return _child_main(model, inputs_npz, out_dir, enforce == "1")
     if argv[:1] == ["--session-child"]:
-        model, driver, payload, out_dir, enforce = argv[1:6]
+        model, driver, payload, out_dir, enforce, parent = argv[1:7]
+        _die_with_parent(int(parent))
         return _session_child_main(model, driver, payload, out_dir, enforce == "1")
 
     parser = argparse.ArgumentParser(prog="python -m zoo.targets.litert_gpu", description=__doc__.split("\n\n")[0])
