@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from zoo import gates
 from zoo.card import measured_table, update_readme
+from zoo.cli import returns_exit_code
 from zoo.config import compose_convert
 from zoo.console import Console
 from zoo.errors import ZooError
@@ -205,6 +206,7 @@ def bench_folder(cfg, given: str | None) -> Path:
     return Path(given) if given else model_config_files()[cfg.name].parent
 
 
+@returns_exit_code  # bad overrides (Hydra parse/compose, wrong types) exit 2 with the fix; bugs keep their traceback
 def main(argv: list[str]) -> int:
     model = next((a.split("=", 1)[1] for a in argv if a.startswith("model=")), "t5")
     bench_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("bench_dir=")), None)

@@ -40,6 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo.cli import returns_exit_code
+from zoo.integrity import verify_artifact_in_bundle
+from zoo.targets.litert import require_tflite_file
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SETUP_HINT = "scripts/setup_vulkan.sh not run"
 MODES = {"fp32": True, "fp16": False}  # mode name -> GpuOptions.enforce_f32; fp32 first (see gpu_check)
@@ -564,6 +568,7 @@ def random_inputs(tflite_path: Path, seed: int = 0) -> dict[str, dict[str, np.nd
     return inputs
 
 
+@returns_exit_code
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
@@ -582,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 2
     if args.model is None:
         parser.error("give a MODEL.tflite or --probe")
+    require_tflite_file(args.model)  # a folder, a missing or a non-tflite file: one clear error, exit 2
+    verify_artifact_in_bundle(args.model)  # inside a bundle: its manifest's sha256 first
     check = gpu_check(args.model, random_inputs(args.model, args.seed), timeout_s=args.timeout)
     print(json.dumps(check.to_dict(), indent=2))
     return {"accepted": 0, "rejected": 1}.get(check.status, 2)
