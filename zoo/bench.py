@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 from zoo import gates
 from zoo.card import measured_table, update_readme
-from zoo.cli import returns_exit_code
+from zoo.cli import check_overrides, returns_exit_code
 from zoo.config import compose_convert
 from zoo.console import Console
 from zoo.errors import ZooError
@@ -214,6 +214,7 @@ def main(argv: list[str]) -> int:
     overrides = [a for a in argv if not a.startswith(("model=", "bench_dir=", "component="))]
     console = Console()
     try:
+        check_overrides([f"model={model}", *overrides])  # parse, compose and cross-check, before any work
         cfg = compose_convert([f"model={model}", *overrides]).model
         spec = get_spec(cfg)
         data = run_bench(model, overrides, console, [component] if component else None)

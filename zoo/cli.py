@@ -140,14 +140,16 @@ def _override_parse_error(exc) -> ZooError:
 
 
 def _missing_config_error(exc) -> ZooError:
-    # "In 'convert': Could not find 'model/'" for `model=`; Hydra lists the valid options itself.
-    group = str(getattr(exc, "missing_cfg_file", "") or "").rstrip("/").split("/")[0]
+    # Hydra: "In 'convert': Could not find 'model/'" for `model=`, 'model/nope' for `model=nope`.
+    missing = str(getattr(exc, "missing_cfg_file", "") or "")
+    group, _, choice = missing.partition("/")
     options = list(getattr(exc, "options", None) or [])
-    problem = _first_lines(str(exc).split("Config search path")[0].split("Available options")[0])
+    if not group:
+        return ZooError(_first_lines(str(exc).split("Config search path")[0]), "check the config group overrides.")
+    problem = f"'{group}=' needs a value." if not choice else f"Unknown {group} '{choice}'."
     if options:
-        problem += f" Valid choices for '{group}': {', '.join(options)}."
-    example = f"{group}={options[0]}" if group and options else "model=t5"
-    return ZooError(problem, f"give the config group a value, e.g. {example}.")
+        problem += f" Valid: {', '.join(options)}."
+    return ZooError(problem, f"pick one of those, e.g. {group}={options[0] if options else '...'}.")
 
 
 def _composition_error(exc) -> ZooError:
@@ -158,7 +160,7 @@ def _composition_error(exc) -> ZooError:
         return _config_type_error(cause, override=message.replace("Error merging override", "").strip())
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         key = getattr(cause, "full_key", None) or "?"
-        return ZooError(f"Unknown config key '{key}' ({message.split('.')[0]}).",
+        return ZooError(f"Unknown config key '{key}' ({str(exc).splitlines()[0].rstrip('.')}).",
                         "check its spelling against the model's config.yaml (`zoo convert --cfg job` prints the whole "
                         f"config); to add a new key on purpose write +{key}=VALUE.")
     return ZooError(f"The configuration could not be composed: {message}",
@@ -227,7 +229,21 @@ def check_overrides(argv: list[str]) -> None:
     overrides, multirun = hydra_overrides(argv)
     parsed = OverridesParser.create().parse_overrides(overrides)
     for job in (_sweep_jobs(parsed) if multirun else [overrides])[:MAX_COMPOSED_JOBS]:
-        compose_convert(job)
+        require_consistent_model_config(compose_convert(job).model, job)
+
+
+def require_consistent_model_config(model_cfg, job: list[str]) -> None:
+    """The schema's cross-key checks (zoo/schema.py `check_semantics`) once more, after the overrides:
+    types are enforced by Hydra, but e.g. `model.variant=nope` is only found out deep in the pipeline
+    (an omegaconf KeyError, reported by Hydra with a traceback)."""
+    from zoo.schema import check_semantics
+    from zoo.targets import TARGET_PRECISIONS
+
+    problems = check_semantics(model_cfg, TARGET_PRECISIONS)
+    if problems:
+        given = " ".join(o for o in job if o.startswith(("model.", "+model.", "~model."))) or " ".join(job)
+        raise ZooError(f"With the overrides `{given}` the model config is inconsistent: {'; '.join(problems)}.",
+                       "change those overrides (the model's config.yaml shows the valid values).")
 
 
 def _sweep_jobs(parsed) -> list[list[str]]:
