@@ -40,10 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-from zoo.cli import returns_exit_code
-from zoo.integrity import verify_artifact_in_bundle
-from zoo.targets.litert import require_tflite_file
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SETUP_HINT = "scripts/setup_vulkan.sh not run"
 MODES = {"fp32": True, "fp16": False}  # mode name -> GpuOptions.enforce_f32; fp32 first (see gpu_check)
@@ -568,12 +564,20 @@ def random_inputs(tflite_path: Path, seed: int = 0) -> dict[str, dict[str, np.nd
     return inputs
 
 
-@returns_exit_code
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         model, inputs_npz, out_dir, enforce = argv[1:5]
         return _child_main(model, inputs_npz, out_dir, enforce == "1")
+    # Imported here, not at the top: the child (above) runs this file bare, with numpy and LiteRT only.
+    from zoo.cli import returns_exit_code
+
+    return returns_exit_code(_check_main)(argv)
+
+
+def _check_main(argv: list[str]) -> int:
+    from zoo.integrity import verify_artifact_in_bundle
+    from zoo.targets.litert import require_tflite_file
 
     parser = argparse.ArgumentParser(prog="python -m zoo.targets.litert_gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", type=Path, help=".tflite to check on random inputs")
