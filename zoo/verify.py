@@ -46,9 +46,9 @@ def bundle_folder(path: Path) -> Path:
 
 def print_check(check, console: Console) -> None:
     mode = "sha256 of every file" if check.mode == "full" else f"sizes of every file, sha256 of {check.hashed}"
-    head = (f"{escape(str(check.folder))}: {check.manifest.get('model', '?')} · {check.manifest.get('component', '?')} "
-            f"→ {check.manifest.get('target', '?')} · {check.manifest.get('precision', '?')}")
-    console.rich.print(head)
+    m = check.manifest  # from anywhere: every value is escaped before rich sees it
+    head = f"{check.folder}: {m.get('model', '?')} · {m.get('component', '?')} → {m.get('target', '?')} · {m.get('precision', '?')}"
+    console.rich.print(escape(head))
     if check.intact:
         console.rich.print(f"  [green]✓[/] {check.files} files, {check.bytes / 2**20:.2f} MiB match the manifest ({mode})")
     for problem in check.problems:
