@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from zoo import hub
 from zoo.bundle import sha256_file
-from zoo.errors import ZooError
+from zoo.errors import GateFailure, ZooError
 
 SOURCES = ("tiny", "hub", "local:PATH", "random")
 
@@ -121,14 +121,18 @@ def built_from(checkpoint: Checkpoint, model_name: str):
     config.json gives the config constructor unknown or missing keys: TypeError/KeyError/ValueError) is a
     ZooError naming the folder. Only for checkpoints the user brought (local/hub/embedded): the project's
     own tiny and random checkpoints fit by construction, so an error with them is a bug and propagates."""
+    where = checkpoint.provenance.get("path") or checkpoint.provenance.get("repo_id") or checkpoint.source
     try:
         yield
-    except ZooError:
+    except GateFailure:
         raise
+    except ZooError as exc:  # e.g. load_strict's key/shape mismatch: say which checkpoint
+        if str(where) in exc.problem:
+            raise
+        raise ZooError(f"{exc.problem} (checkpoint: {where})", exc.fix) from exc
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         if checkpoint.source in ("tiny", "random"):
             raise
-        where = checkpoint.provenance.get("path") or checkpoint.provenance.get("repo_id") or checkpoint.source
         model_type = checkpoint.config.get("model_type", "?") if isinstance(checkpoint.config, dict) else "?"
         raise ZooError(
             f"The checkpoint at {where} (config.json model_type '{model_type}') does not fit model '{model_name}': "
