@@ -165,6 +165,7 @@ CASES = [
     Case("bench-seq-len-abc", "zoo.bench", lambda w: ["model.seq_len=abc"], "wrong type at 'model.seq_len'"),
     Case("bench-unknown-key", "zoo.bench", lambda w: ["foo=bar"], "Unknown config key 'foo'"),
     Case("bench-unknown-variant", "zoo.bench", lambda w: ["model.variant=nope"], "variant: 'nope' is not one of"),
+    Case("demo-unknown-key", "zoo.demo", lambda w: ["foo=bar"], "Unknown config key 'foo'"),
     # ---- zoo.targets.litert_gpu
     Case("gpu-missing-file", "zoo.targets.litert_gpu", lambda w: [f"{w.root}/nowhere.tflite"], "nowhere.tflite does not exist"),
     Case("gpu-folder", "zoo.targets.litert_gpu", lambda w: [str(w.folder("gpu-folder"))], "is a folder, not a .tflite file"),
@@ -246,7 +247,8 @@ def outcomes(tiny_bundles, tmp_path_factory) -> dict[str, dict]:
 def test_the_table_is_big_enough():
     refusals = [c for c in CASES if c.code == 2]
     assert len(refusals) >= 40 and len({c.id for c in CASES}) == len(CASES)
-    assert {c.module for c in refusals} == {"zoo.convert", "zoo.bench", "zoo.generate", "zoo.targets.litert_gpu", "zoo.verify"}
+    assert {c.module for c in refusals} == {"zoo.convert", "zoo.bench", "zoo.demo", "zoo.generate",
+                                            "zoo.targets.litert_gpu", "zoo.verify"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
