@@ -127,7 +127,7 @@ def built_from(checkpoint: Checkpoint, model_name: str):
     except GateFailure:
         raise
     except ZooError as exc:  # e.g. load_strict's key/shape mismatch: say which checkpoint
-        if str(where) in exc.problem:
+        if checkpoint.source == "random" or str(where) in exc.problem:
             raise
         raise ZooError(f"{exc.problem} (checkpoint: {where})", exc.fix) from exc
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
