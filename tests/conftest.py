@@ -49,3 +49,12 @@ def convert_with_target(target_name: str, entries, folder: Path) -> Path:
         exported = None if target.export_skip_reason else target.export(entries)
         artifact = target.convert(entries, exported, folder)
     return target.save(artifact, folder, {})
+
+
+@pytest.fixture(scope="session")
+def tiny_bundles(tmp_path_factory):
+    """Tiny fp32 T5 and gqa-llm bundles on both targets, converted once per session by the real CLI
+    (tests/tiny_bundles.py). `.wait()` returns their folders; damage only copies of them."""
+    from tiny_bundles import TinyBundles
+
+    return TinyBundles(tmp_path_factory.mktemp("tiny-bundles"))

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
 from zoo.bundle import temp_prefix
+from zoo.cli import check_overrides, error_boundary, translated_errors
 from zoo.console import Console
 from zoo.errors import ZooError
 from zoo.registry import CONFIG_DIR, check_choices, register_model_configs
@@ -76,7 +77,8 @@ def _hydra_main(cfg: DictConfig) -> None:
 
     console = Console()
     try:
-        code = run(cfg, console)
+        with translated_errors():  # known bad input becomes a ZooError; a bug keeps its traceback
+            code = run(cfg, console)
     except ZooError as exc:
         console.error(exc)
         code = exc.exit_code
@@ -88,12 +90,10 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    try:
+    with error_boundary():  # every bad override is refused here, before Hydra (which would exit 1)
         register_model_configs()
         check_choices(sys.argv[1:])
-    except ZooError as exc:
-        Console().error(exc)
-        sys.exit(exc.exit_code)
+        check_overrides(sys.argv[1:])
     if not ({"-m", "--multirun"} & set(sys.argv[1:])):
         _hydra_main()
         return

@@ -8,12 +8,14 @@ from __future__ import annotations
 import sys
 
 import zoo.quiet  # noqa: F401
+from zoo.cli import returns_exit_code
 from zoo.config import compose_convert
 from zoo.console import Console
 from zoo.errors import ZooError
 from zoo.registry import model_names
 
 
+@returns_exit_code  # a bad override exits 2 with the fix, as in zoo convert
 def main(argv: list[str]) -> int:
     from zoo.pipeline import convert_model
 

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from pathlib import Path
 
 import zoo.quiet  # noqa: F401
+from zoo import integrity
+from zoo.cli import returns_exit_code
 from zoo.errors import ZooError
 
 def read_manifest(bundle: Path, model: str | None = None) -> dict:
-    path = bundle / "manifest.json"
-    if not path.is_file():
-        raise ZooError(f"{bundle} has no manifest.json: not a zoo bundle.",
-                       "pass a bundle folder made by `zoo convert` (e.g. exports/gqa-llm/coreai-fp32).")
-    manifest = json.loads(path.read_text())
+    manifest = integrity.read_manifest(bundle)  # missing, unreadable or malformed: a clear error
     if model and manifest.get("model") != model:
         raise ZooError(f"{bundle} is a '{manifest.get('model')}' bundle, not '{model}'.", f"pass a {model} bundle.")
     if manifest.get("session") != "generative":
@@ -68,7 +65,9 @@ def generate(bundle: Path, prompt: str, max_new_tokens: int, tokenizer_path: str
 
     from zoo.generation import ContextOverflow
 
+    require_prompt(prompt)
     manifest = read_manifest(bundle, model)
+    integrity.verify_bundle(bundle)  # every file against its sha256, before the runtime parses any of it
     if manifest.get("status") != "passed":
         print(f"warning: this bundle did not pass its gates (status: {manifest.get('status')})", file=sys.stderr)
     tokenizer = load_bundle_tokenizer(bundle, tokenizer_path)
@@ -100,6 +99,13 @@ def generate(bundle: Path, prompt: str, max_new_tokens: int, tokenizer_path: str
     return tokens
 
 
+def require_prompt(prompt: str) -> None:
+    if not prompt.strip():
+        raise ZooError("The prompt is empty: there is nothing to continue from.",
+                       'pass some text, e.g. --prompt "The capital of France is".')
+
+
+@returns_exit_code
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.generate", description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", help="optional: refuse a bundle of any other model")
@@ -108,15 +114,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the one shipped in the bundle)")
     args = parser.parse_args(argv)
+    require_prompt(args.prompt)
+    if args.max_new_tokens < 1:
+        raise ZooError(f"--max-new-tokens {args.max_new_tokens} asks for no text.", "pass a positive count, e.g. --max-new-tokens 32.")
+    print(args.prompt, end="", flush=True)
     try:
-        print(args.prompt, end="", flush=True)
         generate(args.bundle, args.prompt, args.max_new_tokens, args.tokenizer, args.model)
-    except ZooError as exc:
-        from zoo.console import Console
-
-        print(file=sys.stderr)
-        Console().error(exc)
-        return exc.exit_code
+    except Exception:
+        print(flush=True)  # end the echoed prompt's line, so the error starts on its own
+        raise
     return 0
 
 

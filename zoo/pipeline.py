@@ -129,7 +129,7 @@ def convert_model(cfg, targets: list[str], precision: str = "default", force_pre
         record.note = f"source={checkpoint.source}"
     results = []
     for component in selected:
-        with shared.stage(f"build:{component.name}"):
+        with shared.stage(f"build:{component.name}"), weights.built_from(checkpoint, spec.name):
             module = component.build(checkpoint, cfg)
             reference = component.reference(checkpoint, cfg)
             inputs = component.example_inputs(checkpoint, cfg)

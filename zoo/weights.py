@@ -8,6 +8,8 @@ The manifest records exactly which source, revision and files a bundle was made 
 from __future__ import annotations
 
 import json
+import pickle
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from safetensors.torch import load_file
 
 from zoo import hub
 from zoo.bundle import sha256_file
-from zoo.errors import ZooError
+from zoo.errors import GateFailure, ZooError
 
 SOURCES = ("tiny", "hub", "local:PATH", "random")
 
@@ -82,7 +84,7 @@ def load_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, 
     for path in files:
         try:
             state_dict.update(_load_file(path))
-        except (SafetensorError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        except (SafetensorError, RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             raise CorruptCheckpoint(path, exc) from exc
         hashes[path.name] = sha256_file(path)
     return config, state_dict, hashes
@@ -91,11 +93,53 @@ def load_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, 
 class CorruptCheckpoint(ZooError):
     def __init__(self, path: Path, cause: Exception):
         self.path = path
+        if isinstance(cause, pickle.UnpicklingError):
+            # torch's own message says "This file can still be loaded ... weights_only=False": that would
+            # execute code from the file. Never pass it on as advice.
+            problem = (f"Checkpoint file {path} is not a valid checkpoint: it is not a pickle of plain tensors "
+                       f"(torch.load with weights_only=True refused it: {_safe_reason(cause)}).")
+        else:
+            problem = f"Checkpoint file {path} is corrupt or truncated ({type(cause).__name__}: {_safe_reason(cause)})."
         super().__init__(
-            f"Checkpoint file {path} is corrupt or truncated ({type(cause).__name__}: {str(cause).splitlines()[0][:200]}).",
-            "re-download or re-export it; for the HF cache, delete that snapshot (huggingface-cli delete-cache) "
-            "or run online so zoo repairs it.",
+            problem,
+            "re-download or re-export it (save_pretrained writes .safetensors); for the HF cache, delete that "
+            "snapshot (huggingface-cli delete-cache) or run online so zoo repairs it.",
         )
+
+
+def _safe_reason(cause: Exception) -> str:
+    """The first line of the loader's message that is a reason, not torch's weights_only=False advice."""
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    reasons = [line for line in lines if "weights_only" not in line and "can still be loaded" not in line
+               and not line.startswith(("Check the documentation", "(1)", "(2)", "In PyTorch"))]
+    return (reasons[0] if reasons else type(cause).__name__)[:200]
+
+
+@contextmanager
+def built_from(checkpoint: Checkpoint, model_name: str):
+    """Around a component's build/reference: a checkpoint that is not this model's (another model's
+    config.json gives the config constructor unknown or missing keys: TypeError/KeyError/ValueError) is a
+    ZooError naming the folder. Only for checkpoints the user brought (local/hub/embedded): the project's
+    own tiny and random checkpoints fit by construction, so an error with them is a bug and propagates."""
+    where = checkpoint.provenance.get("path") or checkpoint.provenance.get("repo_id") or checkpoint.source
+    try:
+        yield
+    except GateFailure:
+        raise
+    except ZooError as exc:  # e.g. load_strict's key/shape mismatch: say which checkpoint
+        if checkpoint.source == "random" or str(where) in exc.problem:
+            raise
+        raise ZooError(f"{exc.problem} (checkpoint: {where})", exc.fix) from exc
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        if checkpoint.source in ("tiny", "random"):
+            raise
+        model_type = checkpoint.config.get("model_type", "?") if isinstance(checkpoint.config, dict) else "?"
+        raise ZooError(
+            f"The checkpoint at {where} (config.json model_type '{model_type}') does not fit model '{model_name}': "
+            f"building it failed with {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+            f"point WEIGHTS=local:PATH at a {model_name} checkpoint (config.json + weights saved by the matching "
+            "transformers class), or use WEIGHTS=tiny.",
+        ) from exc
 
 
 def load_strict(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], tied: dict[str, str] | None = None):

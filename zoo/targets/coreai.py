@@ -267,7 +267,11 @@ class CoreAITarget:
 class CoreAIRunner:
     """Keeps one `AIModel` alive (an open `executable()` context) for as long as the runner lives."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, verify: bool = True):
+        if verify:  # before the runtime parses it: a truncated .aimodel aborts the process (SIGABRT)
+            from zoo.integrity import verify_artifact_in_bundle
+
+            verify_artifact_in_bundle(Path(path))
         _coreai_torch()
         import coreai.runtime as rt
         from coreai.authoring import AIModelAsset

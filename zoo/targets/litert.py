@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo.bundle import ensure_free_space, expected_bundle_bytes
+from zoo.errors import ZooError
 from zoo.precision import Precision
 from zoo.targets import TARGET_PRECISIONS, Entry, NamedIO
 
@@ -137,10 +138,35 @@ class LiteRTTarget:
         return {p: version(p) for p in ("litert-torch", "ai-edge-litert", "ai-edge-quantizer", "jax", "torch")}
 
 
+TFLITE_IDENTIFIER = b"TFL3"  # the FlatBuffer file identifier at bytes 4..8 of every .tflite
+
+
+def require_tflite_file(path: Path) -> None:
+    """Refuse what is not a .tflite before the interpreter sees it (it raises a bare ValueError, or maps
+    a folder and fails with errno 19)."""
+    if not path.exists():
+        raise ZooError(f"{path} does not exist.", "pass the path of a .tflite file, e.g. exports/t5/litert-fp32/model.tflite.")
+    if path.is_dir():
+        inside = path / ARTIFACT
+        hint = f"pass {inside}" if inside.is_file() else "pass the .tflite file itself, not a folder"
+        raise ZooError(f"{path} is a folder, not a .tflite file.", f"{hint}.")
+    with open(path, "rb") as f:
+        header = f.read(8)
+    if len(header) < 8 or header[4:8] != TFLITE_IDENTIFIER:
+        raise ZooError(f"{path} is not a LiteRT/TensorFlow Lite model (no 'TFL3' FlatBuffer identifier in its "
+                       f"header; {path.stat().st_size} bytes).",
+                       "pass a .tflite written by `zoo convert ... target=litert` (the bundle's model.tflite).")
+
+
 class LiteRTRunner:
     """The CPU interpreter (XNNPACK) with one signature runner per exported function."""
 
-    def __init__(self, path: Path, num_threads: int | None = None):
+    def __init__(self, path: Path, num_threads: int | None = None, verify: bool = True):
+        if verify:  # a bundle's manifest hashes first: a damaged .tflite would run and compute wrong numbers
+            from zoo.integrity import verify_artifact_in_bundle
+
+            verify_artifact_in_bundle(Path(path))
+        require_tflite_file(Path(path))
         from ai_edge_litert.interpreter import Interpreter
 
         self._interpreter = Interpreter(model_path=str(path), num_threads=num_threads or os.cpu_count())

@@ -683,6 +683,15 @@ def main(argv: list[str] | None = None) -> int:
         model, driver, payload, out_dir, enforce, parent = argv[1:7]
         _die_with_parent(int(parent))
         return _session_child_main(model, driver, payload, out_dir, enforce == "1")
+    # Imported here, not at the top: the child (above) runs this file bare, with numpy and LiteRT only.
+    from zoo.cli import returns_exit_code
+
+    return returns_exit_code(_check_main)(argv)
+
+
+def _check_main(argv: list[str]) -> int:
+    from zoo.integrity import verify_artifact_in_bundle
+    from zoo.targets.litert import require_tflite_file
 
     parser = argparse.ArgumentParser(prog="python -m zoo.targets.litert_gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", type=Path, help=".tflite to check on random inputs")
@@ -696,6 +705,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 2
     if args.model is None:
         parser.error("give a MODEL.tflite or --probe")
+    require_tflite_file(args.model)  # a folder, a missing or a non-tflite file: one clear error, exit 2
+    verify_artifact_in_bundle(args.model)  # inside a bundle: its manifest's sha256 first
     check = gpu_check(args.model, random_inputs(args.model, args.seed), timeout_s=args.timeout)
     print(json.dumps(check.to_dict(), indent=2))
     return {"accepted": 0, "rejected": 1}.get(check.status, 2)
