@@ -27,8 +27,8 @@ speak the Xet CAS protocol. No multipart LFS, no pull requests, no git history b
 branch head, model repos only, everything in memory. Bounded: request bodies up to MAX_BODY bytes, and the
 server stops itself after `lifetime_s` even if a test forgets to.
 
-Test hooks: `stall_lfs_after=N` lets N LFS uploads through and holds every later one until `release()`
-(to kill an uploading process midway); `fail_downloads=N` answers the next N file downloads with 503
+Test hooks: `stall_lfs_after=N` lets N LFS uploads through and holds every later one until `release()`,
+then drops it unstored (the test kills the uploading process meanwhile: a transfer cut midway); `fail_downloads=N` answers the next N file downloads with 503
 (transient); `gated` repos need a token in `granted_tokens`; `lfs_uploads` counts the objects received.
 """
 
@@ -112,13 +112,14 @@ class LoopbackHub:
         self.auth_seen: set[str] = set()
         self.stall_lfs_after = stall_lfs_after
         self.stalled = 0
+        self.admitted = 0
         self._release = threading.Event()
         self.fail_downloads = 0
         self.lifetime_s = lifetime_s
         self.lock = threading.RLock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._timer = threading.Timer(lifetime_s, self.stop)
         self._timer.daemon = True
 
@@ -307,8 +308,9 @@ def _handler_for(hub: LoopbackHub):
             payload = json.loads(self._body())
             repo_id = f"{payload.get('organization') or 'loopback-user'}/{payload['name']}"
             with hub.lock:
-                if repo_id in hub.repos:
-                    raise HubError(409, "You already created this model repo")
+                if repo_id in hub.repos:  # the Hub's 409 carries the url; the client reads it (exist_ok=True)
+                    self._json({"error": "You already created this model repo", "url": f"{hub.url}/{repo_id}"}, 409)
+                    return
                 repo = hub.repos[repo_id] = Repo(repo_id, payload.get("visibility") == "private")
                 hub._new_commit(repo, "main", {})
             self._json({"url": f"{hub.url}/{repo_id}", "name": repo_id, "id": repo_id})
@@ -398,11 +400,13 @@ def _handler_for(hub: LoopbackHub):
 
         def lfs_upload(self, oid):
             with hub.lock:
-                hold = hub.stall_lfs_after is not None and len(hub.lfs_uploads) >= hub.stall_lfs_after
-                if hold:
-                    hub.stalled += 1
-            if hold:  # the test kills the uploader now; the socket is dead when we read on
+                hold = hub.stall_lfs_after is not None and hub.admitted >= hub.stall_lfs_after
+                hub.stalled += hold
+                hub.admitted += not hold  # counted on arrival: parallel uploads cannot slip past the limit
+            if hold:  # the test kills the uploader meanwhile: this transfer dies with it, nothing is stored
                 hub._release.wait(timeout=hub.lifetime_s)
+                self.close_connection = True
+                return
             data = self._body()
             if hashlib.sha256(data).hexdigest() != oid:
                 raise HubError(400, "sha256 of the uploaded bytes does not match the oid")

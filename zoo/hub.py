@@ -80,7 +80,7 @@ def hub_reachable(timeout_s: float = 5.0) -> bool:
 
 def transport() -> str:
     """The transport this process downloads Xet-backed files with: decided once, never per retry."""
-    from huggingface_hub.utils import is_xet_available
+    from huggingface_hub.utils._runtime import is_xet_available
 
     return "xet" if is_xet_available() else "http"
 
@@ -136,8 +136,10 @@ def explain_hub_error(exc: BaseException, repo_id: str, revision: str | None, ac
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return ZooError(f"The Hub answered {status} to the {action} of {at}: {first}",
                         "retry later; if it persists, check status.huggingface.co and your proxy settings.")
+    retry = ("re-running resumes it (files the Hub already holds are not sent again)" if action == "upload"
+             else "`zoo cache repair` fixes a broken local copy")
     return ZooError(f"The {action} of {at} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                    "check your network and retry; `zoo cache repair` fixes a broken local copy.")
+                    f"check your network and retry; {retry}.")
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -87,16 +87,17 @@ def load_bundle(folder: Path, rel: str, multi: bool) -> Bundle:
     return Bundle(folder, rel, manifest, report, size, multi)
 
 
-def recheck_bundle_hashes(folder: Path) -> list[str]:
-    """Problems with a bundle's bytes versus its manifest (empty: it is what was verified).
-    # merge: replace with zoo.integrity.verify_bundle"""
+# merge: replace with zoo.integrity.verify_bundle
+def recheck_bundle_hashes(folder: Path, allow_links: bool = False) -> list[str]:
+    """Problems with a bundle's bytes versus its manifest (empty: it is what was verified). `allow_links`:
+    a bundle read back from the HF cache, whose files are links to the cache's blobs."""
     manifest = json.loads((folder / MANIFEST).read_text())
     listed = manifest.get("files") or {}
     problems = []
     on_disk = {}
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder).as_posix()
-        if path.is_symlink():
+        if path.is_symlink() and not allow_links:
             problems.append(f"{rel} is a symlink (a bundle holds only regular files)")
         elif path.is_file() and rel != MANIFEST:
             on_disk[rel] = path
@@ -257,7 +258,7 @@ def run(args, out=print) -> int:
     preview = args.dry_run
     if soft and not args.force and not preview:
         raise _tiny_weights_refusal(soft)
-    api = None if preview else _api()
+    api = None if preview or args.stage_only else _api()  # staging needs no token and no network
     repo_id = args.repo or default_repo(spec.name, api)
     card = build_card(cfg, spec, bundles, repo_id, forced)
     with tempfile.TemporaryDirectory(prefix="zoo-publish-") as scratch:
