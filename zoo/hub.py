@@ -91,7 +91,7 @@ def transport() -> str:
 def offline_error(repo_id: str, revision: str, broken: str = "") -> ZooError:
     state = f"its cached copy is broken ({broken})" if broken else "it is not in the local cache"
     return ZooError(
-        f"The Hugging Face Hub ({_endpoint()}) is unreachable and {repo_id}@{revision[:12]}: {state}.",
+        f"The Hugging Face Hub is unreachable (at {_endpoint()}) and {repo_id}@{revision[:12]}: {state}.",
         "run with network (zoo repairs the cache by itself), or offline with WEIGHTS=tiny / WEIGHTS=local:PATH "
         "(a folder with config.json + *.safetensors); to prepare a machine without network, download on one with "
         "network (hf download REPO --revision SHA), copy the HF cache over and set HF_HUB_OFFLINE=1.",
@@ -408,6 +408,26 @@ def _repoint_or_drop(problem: Problem, storage: Path, stamps: _Stamps) -> str:
         return f"repointed {pointer.name} to its complete blob {good.name[:12]}…"
     pointer.unlink(missing_ok=True)
     return f"removed the broken link {pointer.name}; it will be fetched again"
+
+
+def refetch_corrupt_file(repo_id: str, revision: str, path: Path, patterns: list[str],
+                         cache_dir: str | Path | None = None) -> Path:
+    """A cached file that matched what the cache knows but does not load (e.g. a cache copied in without
+    the Hub's metadata): drop its bytes and fetch it again; offline, one ZooError with the fix."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or not hub_reachable():
+        raise ZooError(
+            f"{path.name} of {repo_id}@{revision[:12]} in the HF cache is corrupt, and re-downloading it failed "
+            "(the Hub is unreachable).",
+            "run once with network (zoo repairs the cache), or `zoo cache repair` online; offline, use "
+            "WEIGHTS=local:PATH / WEIGHTS=tiny.",
+        )
+    blob = Path(os.path.realpath(path))
+    path.unlink(missing_ok=True)
+    if blob != path and blob.parent.name == "blobs":
+        blob.unlink(missing_ok=True)
+    return fetch_verified(repo_id, revision, patterns, cache_dir)
 
 
 def wipe_repo_cache(repo_id: str, cache_dir: str | Path | None = None) -> None:
