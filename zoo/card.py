@@ -6,6 +6,7 @@ always come from the committed bench command named in the block.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -70,3 +71,202 @@ def update_readme(readme: Path, table: str) -> None:
     else:
         text = text.rstrip() + "\n\n## Measured\n\n" + block + "\n"
     readme.write_text(text)
+
+
+# ---------------------------------------------------------------- the model card of a published repo
+#
+# Built only from what the bundles say about themselves (manifest.json + report.json) and the model's
+# declarations, so the card cannot claim more than was measured. Deterministic (no clock): re-running a
+# publish stages byte-identical files, which is what makes an interrupted upload resumable.
+
+WEIGHTS_BANNER = (
+    "> [!WARNING]\n"
+    "> **Not for use: these bundles were made from {source} weights** (`{detail}`), not from a trained "
+    "checkpoint. They exist to test the conversion pipeline; their outputs are meaningless. Published with "
+    "`zoo.publish --force`.\n"
+)
+GPU_NOT_CHECKED = "GPU: not checked"
+
+DEPLOYMENT_NOTES = """\
+- **Download the `.aimodel` at first launch** (e.g. with the Hub's download API) into the app's Documents or
+  Application Support folder; do not embed it in the app bundle: the installer misreads the `.aimodel`
+  directory as a nested bundle ("invalid bundle"). Never name a folder `Resources/` at the iOS bundle root.
+- **Load with `SpecializationOptions.default()` on device** (GPU/ANE chosen by the runtime); `cpu_only()` is
+  what the gate used here for parity, and is many times slower.
+- **Benchmark at `thermalState == .nominal`**: a warm device silently runs the same model 2–4× slower.
+  Record thermal state and low-power mode next to every timing, and cool down between runs.
+- **LiteRT GPU**: the delegate computes in fp16 unless the app opts out. Where a bundle says
+  "GPU: fp32 only", create the GPU delegate with enforced fp32 (`GpuOptions(enforce_f32=True)` or the
+  platform's equivalent), or run it on the CPU.
+- **Resumable downloads of large bundles**: `HF_XET_HIGH_PERFORMANCE=1 hf download <repo>` resumes at chunk
+  granularity; do not resume a plain HTTP download with a `Range:` request (it stalls on Xet-backed files).
+"""
+
+
+def _worst_gates(gates: list[dict]) -> str:
+    """One `metric value (pass|FAIL)` per metric, the worst over outputs (gates as in manifest.json)."""
+    from zoo.gates import METRICS
+
+    parts = []
+    for metric in dict.fromkeys(g["metric"] for g in gates):
+        group = [g for g in gates if g["metric"] == metric]
+        higher = METRICS[metric].higher_is_better if metric in METRICS else True
+        worst = (min if higher else max)(group, key=lambda g: g["value"])
+        ok = all(g["passed"] for g in group)
+        op = "≥" if higher else "≤"
+        parts.append(f"{metric} {worst['value']:.6g} {op} {worst['threshold']:g} {'pass' if ok else 'FAIL'}")
+    return "<br>".join(parts) or "—"
+
+
+def _gpu_residency(bundle) -> str:
+    gpu = bundle.report.get("gpu")
+    if bundle.manifest["target"] != "litert":
+        return "n/a (Core AI picks CPU/GPU/ANE at load; gated on the CPU runtime)"
+    if not gpu:
+        return "not checked"
+    status = gpu.get("status", "?")
+    rejected = gpu.get("rejected_ops") or []
+    return status + (f" (rejected: {', '.join(map(str, rejected[:5]))})" if rejected else "")
+
+
+def _weights_line(manifest: dict) -> str:
+    weights = manifest.get("weights") or {}
+    source = weights.get("source", "?")
+    if source == "hub":
+        return f"`{weights.get('repo_id')}` at revision `{weights.get('revision')}` (Hugging Face Hub)"
+    if source == "tiny":
+        return "the project's **tiny** test checkpoint (random, test-sized: not a trained model)"
+    if source == "random":
+        return f"**seeded random** weights at the real architecture (seed {weights.get('seed')}): not a trained model"
+    return f"{source}: `{weights.get('repo_id') or weights.get('package') or Path(str(weights.get('path', '?'))).name}`"
+
+
+def _producing_command(bundle) -> str:
+    """The command that makes this bundle again (reconstructed from its manifest; the report keeps the rest)."""
+    m = bundle.manifest
+    weights = (m.get("weights") or {}).get("source", "tiny")
+    component = f" components=[{m['component']}]" if bundle.multi_component else ""
+    return f"python -m zoo.convert model={m['model']} target={m['target']} precision={m['precision']} weights={weights}{component}"
+
+
+def _io_table(manifest: dict) -> list[str]:
+    io = manifest.get("io") or {}
+    rows = ["| | name | shape | dtype |", "|---|---|---|---|"]
+    for kind in ("inputs", "outputs"):
+        for item in io.get(kind, []):
+            rows.append(f"| {kind[:-1]} | `{item['name']}` | `{item['shape']}` | {item['dtype']} |")
+    return rows
+
+
+def _run_snippets(repo_id: str, bundles) -> list[str]:
+    """Snippets that run the bundles as published (paths and input names from the manifests)."""
+    lines = []
+    coreai = next((b for b in bundles if b.manifest["target"] == "coreai"), None)
+    litert = next((b for b in bundles if b.manifest["target"] == "litert"), None)
+    for bundle, title in ((coreai, "Core AI (macOS / iOS, `coreai-core`)"), (litert, "LiteRT (Android, Linux, `ai-edge-litert`)")):
+        if bundle is None:
+            continue
+        inputs = bundle.manifest["io"]["inputs"]
+        function = (bundle.report.get("functions") or ["main"])[0]
+        zeros = ", ".join(f"\"{i['name']}\": np.zeros({tuple(i['shape'])}, np.{i['dtype']})" for i in inputs)
+        lines += ["", f"**{title}** — `{bundle.rel}/`", "", "```python", "import numpy as np",
+                  "from pathlib import Path", "from huggingface_hub import snapshot_download", "",
+                  f"folder = Path(snapshot_download(\"{repo_id}\", allow_patterns=[\"{bundle.rel}/*\"])) / \"{bundle.rel}\""]
+        if bundle is coreai:
+            lines += ["", "import asyncio", "import coreai.runtime as rt", "", "async def main():",
+                      "    model = await rt.AIModel.load(folder / \"model.aimodel\", rt.SpecializationOptions.default())",
+                      f"    function = model.load_function(\"{function}\")  # sync",
+                      f"    inputs = {{{zeros}}}",
+                      "    outputs = await function({k: rt.NDArray(v) for k, v in inputs.items()})  # async",
+                      "    print({k: v.numpy().shape for k, v in outputs.items()})", "", "asyncio.run(main())", "```"]
+        else:
+            lines += ["", "from ai_edge_litert.interpreter import Interpreter", "",
+                      "interpreter = Interpreter(model_path=str(folder / \"model.tflite\"))",
+                      f"run = interpreter.get_signature_runner(\"{function}\")",
+                      f"outputs = run(**{{{zeros}}})",
+                      "print({k: v.shape for k, v in outputs.items()})", "```"]
+    return lines
+
+
+def _measured_block(readme: Path) -> str:
+    """The model README's generated Measured block (from the committed bench), or a plain 'not measured'."""
+    try:
+        text = readme.read_text()
+    except OSError:
+        return "Not measured yet (`make bench MODEL=<model>`)."
+    if START in text and END in text:
+        return text.split(START, 1)[1].split(END, 1)[0].strip()
+    return "Not measured yet (`make bench MODEL=<model>`)."
+
+
+def card_metadata(model: str, bundles, base_model: str | None, pipeline_tag: str | None, license: str | None):
+    from huggingface_hub import EvalResult, ModelCardData
+
+    targets = sorted({b.manifest["target"] for b in bundles})
+    tags = ["zoo", "on-device", model] + [t for t in ("coreai", "litert") if t in targets]
+    tags += (["aimodel"] if "coreai" in targets else []) + (["tflite"] if "litert" in targets else [])
+    tags += sorted({b.manifest["precision"] for b in bundles})
+    results = [
+        EvalResult(task_type=pipeline_tag or "other", dataset_type=f"zoo-gate-{b.rel.replace('/', '-')}",
+                   dataset_name=f"zoo gate inputs: {b.rel}", metric_type=g["metric"], metric_value=float(g["value"]),
+                   metric_name=f"{g['metric']} {g['output']} ({b.manifest['target']} {b.manifest['precision']})",
+                   verified=False)
+        for b in bundles for g in b.manifest.get("gates", []) if g.get("value") == g.get("value")  # NaN never passes
+    ]
+    return ModelCardData(
+        library_name="zoo", base_model=base_model, base_model_relation="quantized" if base_model else None,
+        pipeline_tag=pipeline_tag, license=license, tags=tags, model_name=f"{model}-zoo",
+        eval_results=results or None,
+    )
+
+
+def model_card(model: str, summary: str, bundles, repo_id: str, base_model: str | None, pipeline_tag: str | None,
+               license: str | None, readme: Path, forced_weights: bool):
+    """The repo's README.md as a huggingface_hub ModelCard (YAML front matter + Markdown)."""
+    from huggingface_hub import ModelCard
+
+    data = card_metadata(model, bundles, base_model, pipeline_tag, license)
+    body = []
+    if forced_weights:
+        unreal = [b for b in bundles if not b.manifest.get("real_weights")]
+        source = unreal[0].manifest.get("weights", {}).get("source", "tiny/random")
+        body.append(WEIGHTS_BANNER.format(source=source, detail=", ".join(b.rel for b in unreal)))
+    body += [f"# {model} — on-device bundles (Core AI, LiteRT)", "",
+             f"{summary.strip() or model}. Converted and verified by zoo: every bundle was loaded "
+             "back from disk, run on its runtime and compared with the original PyTorch model on the same weights "
+             "and inputs before it was published." + (f" Base model: [`{base_model}`](https://huggingface.co/{base_model})."
+                                                     if base_model else ""),
+             "", "## Bundles", "",
+             "| folder | target | precision | size | gates (worst per metric) | status | LiteRT GPU residency |",
+             "|---|---|---|---|---|---|---|"]
+    for b in bundles:
+        m = b.manifest
+        status = m["status"] + (f" ({m['status_note']})" if m.get("status_note") else "")
+        body.append(f"| `{b.rel}/` | {m['target']} | {m['precision']} | {b.bytes / 2**20:.2f} MiB | "
+                    f"{_worst_gates(m.get('gates', []))} | {status} | {_gpu_residency(b)} |")
+    unchecked = [b.rel for b in bundles if GPU_NOT_CHECKED in (b.manifest.get("status_note") or "")]
+    if unchecked:
+        body += ["", f"> [!NOTE]\n> **GPU: not checked** for {', '.join(f'`{r}`' for r in unchecked)}: the LiteRT GPU "
+                 "delegate was not run on these bundles, so GPU residency and GPU numerics are unknown."]
+    body += ["", "Gates compare the bundle's outputs with the PyTorch reference (fp32) on the same inputs; "
+             "the thresholds are the model's config (`models/<model>/config.yaml`).", "", "## Graph contract"]
+    for contract, members in _group_by(bundles, lambda b: json.dumps(b.manifest.get("io"), sort_keys=True)).items():
+        body += ["", f"{', '.join(f'`{b.rel}/`' for b in members)}:", ""] + _io_table(members[0].manifest)
+    body += ["", "## How to run"] + _run_snippets(repo_id, bundles)
+    body += ["", "## Deployment notes", "", DEPLOYMENT_NOTES.rstrip(), "", "## Measured", "", _measured_block(readme),
+             "", "## Provenance", "",
+             "| folder | weights | tools | made by |", "|---|---|---|---|"]
+    for b in bundles:
+        tools = ", ".join(f"{k} {v}" for k, v in (b.manifest.get("tools") or {}).items())
+        body.append(f"| `{b.rel}/` | {_weights_line(b.manifest)} | {tools} | `{_producing_command(b)}` |")
+    body += ["", "Each folder's `manifest.json` holds the sha256 of every file, the weights' file hashes and the "
+             "I/O contract; `report.json` holds every stage (time, peak RSS, outcome) and every gate value."]
+    content = f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body) + "\n"
+    return ModelCard(content)
+
+
+def _group_by(items, key) -> dict:
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups

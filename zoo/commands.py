@@ -3,6 +3,7 @@
     zoo convert model=t5 target=litert precision=int8     # Hydra overrides pass straight through
     zoo convert -m model=t5 target=coreai,litert hydra/launcher=zoo_joblib
     zoo list | zoo bench model=t5 | zoo generate --bundle B --prompt P | zoo demo
+    zoo publish t5 --dry-run | zoo cache check [MODEL] | zoo cache repair [MODEL]
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ COMMANDS = {
     "generate": ("zoo.generate", "stream text from a generative bundle"),
     "demo": ("zoo.demo", "every model through both targets on its default weights (make demo)"),
     "verify": ("zoo.verify", "re-check a bundle: hashes, then optionally its gates"),
+    "publish": ("zoo.publish", "stage verified bundles + a model card and upload them to the Hub"),
+    "cache": ("zoo.hub", "check|repair [MODEL]: the HF cache entries the zoo uses"),
 }
 
 

@@ -107,6 +107,9 @@ class ModelSpec:
     summary: str = ""
     config_schema: type = ModelConfig   # a subclass adds the keys only this model has
     embedded: Callable | None = None    # (cfg) -> (folder, provenance): weights that ship in a wheel
+    # What the published model card declares (zoo.publish): the Hub's task name and the weights' license.
+    pipeline_tag: str | None = None
+    license: str | None = None
 
     def component(self, name: str) -> Component:
         for component in self.components:

@@ -199,13 +199,16 @@ def _from_hub(model_cfg) -> Checkpoint:
     source = model_cfg.variants[model_cfg.variant].hub
     repo_id = source.repo_id
     revision = hub.require_pinned(repo_id, source.revision, bool(source.get("allow_unpinned", False)))
+    # hub.download verifies every file against the Hub's metadata and repairs a broken cache first.
+    patterns = hub.WEIGHT_PATTERNS
     folder = hub.download(repo_id, revision)
     if not _weight_files(folder):  # older repos ship only pytorch_model.bin
-        folder = hub.download(repo_id, revision, hub.LEGACY_WEIGHT_PATTERNS)
+        patterns = hub.LEGACY_WEIGHT_PATTERNS
+        folder = hub.download(repo_id, revision, patterns)
     try:
         config, state_dict, hashes = load_folder(folder)
-    except CorruptCheckpoint as exc:
-        hub.repair(repo_id, revision, exc.path.name)  # raises ZooError offline, with the fix
+    except CorruptCheckpoint as exc:  # a cache without the Hub's metadata to check against: fetch it again
+        folder = hub.refetch_corrupt_file(repo_id, revision, exc.path, patterns)  # offline: ZooError with the fix
         config, state_dict, hashes = load_folder(folder)
     return Checkpoint("hub", config, state_dict,
                       {"source": "hub", "repo_id": repo_id, "revision": revision, "path": str(folder), "files": hashes})

@@ -176,4 +176,6 @@ SPEC = ModelSpec(
     random_checkpoint=random_checkpoint,
     config_schema=GQALLMConfig,
     embedded=embedded_folder,
+    pipeline_tag="text-generation",
+    license="apache-2.0",   # SmolLM2's license
 )

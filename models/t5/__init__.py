@@ -92,4 +92,6 @@ SPEC = ModelSpec(
     tiny_dir=TINY_DIR,
     random_checkpoint=random_checkpoint,
     config_schema=T5ModelConfig,
+    pipeline_tag="feature-extraction",   # an encoder: token ids -> hidden states
+    license="apache-2.0",                # google/t5-v1_1-*'s license
 )
