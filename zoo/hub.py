@@ -615,11 +615,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", nargs="?", help="one model (default: every model)")
     parser.add_argument("--repo", metavar="ORG/NAME@SHA", help="one Hub checkpoint instead of the models' configs")
     args = parser.parse_args(argv)
-    try:
-        return cache_command(args.action, args.model, repo=args.repo)
-    except ZooError as exc:
-        print(f"error: {exc.problem} Fix: {exc.fix}", file=sys.stderr)
-        return exc.exit_code
+    from zoo.cli import returns_exit_code  # the one error boundary every CLI uses
+
+    return returns_exit_code(cache_command)(args.action, args.model, repo=args.repo)
 
 
 if __name__ == "__main__":

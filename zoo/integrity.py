@@ -79,15 +79,22 @@ def require_bundle_folder(folder: Path) -> None:
                        f"pass the folder that holds manifest.json (here perhaps {folder.parent}).")
 
 
-def inspect_bundle(folder: Path, fast: bool = False) -> BundleCheck:
+def inspect_bundle(folder: Path, fast: bool = False, exact_contents: bool = False,
+                   allow_links: bool = False) -> BundleCheck:
     """Compare every file the manifest lists with what is on disk; never raises for a file that differs
-    (each difference is one line in `problems`), only for a manifest that cannot be read at all."""
+    (each difference is one line in `problems`), only for a manifest that cannot be read at all.
+
+    `exact_contents` (publishing): also refuse files the manifest does not list (added after the gates
+    passed) and symlinks, which could point outside the bundle — except with `allow_links`, for a bundle
+    read back from the HF cache, whose files are links to the cache's blobs."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     signature = _stat_signature(folder.resolve())  # taken before hashing: a file changed meanwhile is re-checked
     check = BundleCheck(folder, manifest, "fast" if fast else "full")
     listed = _listed_files(manifest, check.problems)
     check.problems += _artifact_problems(manifest, listed)
+    if exact_contents:
+        check.problems += _unlisted_or_linked(folder, listed, allow_links)
     for rel, expected in listed.items():
         check.files += 1
         problem = _file_problem(folder, rel, expected, fast, check)
@@ -151,6 +158,17 @@ def _listed_files(manifest: dict, problems: list[str]) -> dict[str, dict]:
         else:
             listed[rel] = entry
     return listed
+
+
+def _unlisted_or_linked(folder: Path, listed: dict[str, dict], allow_links: bool) -> list[str]:
+    problems = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_symlink() and not allow_links:
+            problems.append(f"{rel} is a symlink (a bundle holds only regular files)")
+        elif path.is_file() and rel != MANIFEST and rel not in listed:
+            problems.append(f"{rel} is not in the manifest (added after verification)")
+    return problems
 
 
 def _is_inside(rel: str) -> bool:

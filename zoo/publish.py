@@ -32,7 +32,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from zoo.bundle import MANIFEST, REPORT, sha256_file
+from zoo import integrity
+from zoo.bundle import MANIFEST, REPORT
 from zoo.errors import ZooError
 
 LARGE_UPLOAD_BYTES = 2 * 2**30   # above this (or LARGE_UPLOAD_FILES), the resumable multi-commit path
@@ -89,28 +90,9 @@ def load_bundle(folder: Path, rel: str, multi: bool) -> Bundle:
 
 # merge: replace with zoo.integrity.verify_bundle
 def recheck_bundle_hashes(folder: Path, allow_links: bool = False) -> list[str]:
-    """Problems with a bundle's bytes versus its manifest (empty: it is what was verified). `allow_links`:
-    a bundle read back from the HF cache, whose files are links to the cache's blobs."""
-    manifest = json.loads((folder / MANIFEST).read_text())
-    listed = manifest.get("files") or {}
-    problems = []
-    on_disk = {}
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder).as_posix()
-        if path.is_symlink() and not allow_links:
-            problems.append(f"{rel} is a symlink (a bundle holds only regular files)")
-        elif path.is_file() and rel != MANIFEST:
-            on_disk[rel] = path
-    for rel, entry in listed.items():
-        path = on_disk.get(rel)
-        if path is None:
-            problems.append(f"{rel} is listed in the manifest but missing")
-        elif path.stat().st_size != entry.get("bytes"):
-            problems.append(f"{rel} has {path.stat().st_size} bytes, the manifest says {entry.get('bytes')}")
-        elif sha256_file(path) != entry.get("sha256"):
-            problems.append(f"{rel} does not match its sha256 in the manifest")
-    problems += [f"{rel} is not in the manifest (added after verification)" for rel in sorted(set(on_disk) - set(listed))]
-    return problems
+    """Problems with a bundle's bytes versus its manifest (empty: it is what was verified): every listed
+    file re-hashed, nothing unlisted, no symlinks (`allow_links`: a bundle read back from the HF cache)."""
+    return integrity.inspect_bundle(folder, exact_contents=True, allow_links=allow_links).problems
 
 
 def refusals(bundle: Bundle) -> tuple[list[str], list[str]]:
@@ -310,12 +292,9 @@ def _print_plan(out, repo_id: str, revision: str | None, folder: Path, files: li
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except ZooError as exc:
-        print(f"error: {exc.problem} Fix: {exc.fix}", file=sys.stderr)
-        return exc.exit_code
+    from zoo.cli import returns_exit_code  # the one error boundary every CLI uses
+
+    return returns_exit_code(lambda: run(parse_args(argv)))()
 
 
 if __name__ == "__main__":
