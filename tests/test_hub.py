@@ -373,7 +373,7 @@ def test_publish_without_a_token_and_to_a_forbidden_repo(exports, loopback, monk
     assert publish("t5", "--force", "--repo", "zoo-test/locked", "--exports", str(exports)) == 2
     said = "".join(capsys.readouterr())
     assert "refused access" in said and "Traceback" not in said
-    assert_no_sentinel(out, err)
+    assert_no_sentinel(said)
 
 
 def test_cache_command_is_in_the_console_script(tmp_path):
