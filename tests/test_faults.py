@@ -530,3 +530,21 @@ def test_recovery_restores_an_orphaned_old_bundle_and_removes_the_rest(tmp_path)
     assert (final / "f").read_text() == ".b.old-2"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
     assert len(notes) == 3 and notes[0].startswith(f"restored {final} from .b.old-2")
+
+
+def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path):
+    """SIGINT (Ctrl-C) cleans up like an exception, prints no traceback and exits 130."""
+    marker = tmp_path / "paused"
+    env = {**os.environ, bundle.PAUSE_AT_ENV: "verify", "ZOO_TEST_PAUSE_MARKER": str(marker)}
+    proc = subprocess.Popen([sys.executable, *CONVERT, f"out_dir={tmp_path / 'out'}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + PAUSE_TIMEOUT_S
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "the run never reached the pause"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:]
+    assert "Traceback" not in out and "interrupted (Ctrl-C)" in out
+    bundle_dir = tmp_path / "out" / "t5"
+    assert [p.name for p in bundle_dir.iterdir() if ".tmp-" in p.name] == []
