@@ -95,6 +95,10 @@ class LiteRTTarget:
     def open(self, path: Path) -> "LiteRTRunner":
         return LiteRTRunner(path)
 
+    def describe_bundle(self, bundle_dir: Path, facts) -> None:
+        """Nothing yet: a .tflite bundle has no ecosystem-wide bundle descriptor (LiteRT-LM packs its
+        metadata inside the .litertlm file instead)."""
+
     def post_save_checks(self, path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict,
                          log, evidence: dict | None = None) -> tuple[list, str]:
         """The LiteRT GPU delegate on software Vulkan, GPU-only: residency with the delegate's reasons,
