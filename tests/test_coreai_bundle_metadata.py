@@ -118,3 +118,60 @@ def test_coreai_verify_plan_accepts_the_bundle(t5_bundle):
     run = coreai("verify", str(t5_bundle), "--plan", "--hf-id", "google/t5-v1_1-base")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "--- PLAN" in run.stdout and "driver         python-cpu" in run.stdout
+
+
+# ------------------------------------------------------------------ coreai-catalog entries at publish/stage time
+
+
+@pytest.fixture(scope="module")
+def staged_repo(t5_bundle, tmp_path_factory) -> Path:
+    from zoo.publish import parse_args, run
+
+    stage = tmp_path_factory.mktemp("stage") / "repo"
+    exports = t5_bundle.parent.parent
+    assert run(parse_args(["t5", "--target", "coreai", "--exports", str(exports), "--stage-only", str(stage),
+                           "--force", "--repo", "zoo-test/T5-CoreAI"]), out=lambda *_: None) == 0
+    return stage
+
+
+def test_stage_writes_a_catalog_entry_that_the_catalogs_own_schema_accepts(staged_repo):
+    import yaml
+
+    from zoo.catalog_entry import catalog_errors
+
+    (entry_file,) = (staged_repo / "coreai-catalog").glob("*.yaml")
+    entries = yaml.safe_load(entry_file.read_text())
+    assert catalog_errors(entries) == []
+    artifact, model = entries["artifact"], entries["model"]
+    assert artifact["huggingface"]["url"] == "https://huggingface.co/zoo-test/T5-CoreAI"
+    assert artifact["provenance"]["converted_by"]["tool"] == "zoo" and artifact["precision"] == "bf16"
+    assert model["bundle_kind"] == "embedding" and model["confidence"] == "low"   # tiny weights, said plainly
+    assert [i["name"] for i in model["io_contract"]["inputs"]] == ["input_ids", "attention_mask"]
+
+
+def test_catalog_files_match_the_staged_bytes_as_its_installer_checks_them(staged_repo):
+    import yaml
+
+    from zoo.bundle import sha256_file
+
+    (entry_file,) = (staged_repo / "coreai-catalog").glob("*.yaml")
+    files = yaml.safe_load(entry_file.read_text())["artifact"]["huggingface"]["files"]
+    bundle_files = {p.relative_to(staged_repo).as_posix() for p in (staged_repo / "coreai-bf16").rglob("*")
+                    if p.is_file()}
+    assert {f["path"] for f in files} == bundle_files   # every file, manifest.json and metadata.json included
+    for f in files:
+        assert f["sha256"] == sha256_file(staged_repo / f["path"])
+        assert f["size_bytes"] == (staged_repo / f["path"]).stat().st_size
+
+
+def test_catalog_validation_negative_control_rejects_a_broken_entry(staged_repo):
+    import yaml
+
+    from zoo.catalog_entry import catalog_errors
+
+    (entry_file,) = (staged_repo / "coreai-catalog").glob("*.yaml")
+    entries = yaml.safe_load(entry_file.read_text())
+    entries["model"]["bundle_kind"] = "text-encoder"   # not in the catalog's vocabulary
+    entries["artifact"]["huggingface"]["files"][0]["sha256"] = "not-a-digest"
+    errors = catalog_errors(entries)
+    assert any("bundle_kind" in e for e in errors) and any("sha256" in e for e in errors)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from zoo import integrity
 from zoo.bundle import MANIFEST, REPORT
+from zoo.catalog_entry import write_catalog_entries
 from zoo.errors import ZooError
 
 LARGE_UPLOAD_BYTES = 2 * 2**30   # above this (or LARGE_UPLOAD_FILES), the resumable multi-commit path
@@ -248,6 +249,8 @@ def run(args, out=print) -> int:
         if args.stage_only and args.stage_only.exists() and any(args.stage_only.iterdir()):
             raise ZooError(f"--stage-only {args.stage_only} is not empty.", "pass an empty or new folder.")
         files = stage(bundles, str(card), folder)
+        if write_catalog_entries(bundles, spec, repo_id, folder):  # Core AI bundles: coreai-catalog entries
+            files = staged_files(folder)
         _print_plan(out, repo_id, args.revision, folder, files, str(card), preview or bool(args.stage_only))
         if soft and not args.force:
             raise _tiny_weights_refusal(soft)
