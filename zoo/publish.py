@@ -34,7 +34,7 @@ from pathlib import Path
 
 from zoo import integrity
 from zoo.bundle import MANIFEST, REPORT
-from zoo.catalog_entry import write_catalog_entries
+from zoo.catalog_entry import CATALOG_FOLDER, write_catalog_entries
 from zoo.errors import ZooError
 
 LARGE_UPLOAD_BYTES = 2 * 2**30   # above this (or LARGE_UPLOAD_FILES), the resumable multi-commit path
@@ -249,7 +249,8 @@ def run(args, out=print) -> int:
         if args.stage_only and args.stage_only.exists() and any(args.stage_only.iterdir()):
             raise ZooError(f"--stage-only {args.stage_only} is not empty.", "pass an empty or new folder.")
         files = stage(bundles, str(card), folder)
-        if write_catalog_entries(bundles, spec, repo_id, folder):  # Core AI bundles: coreai-catalog entries
+        catalog_files = write_catalog_entries(bundles, spec, repo_id, folder)  # one per Core AI bundle
+        if catalog_files:
             files = staged_files(folder)
         _print_plan(out, repo_id, args.revision, folder, files, str(card), preview or bool(args.stage_only))
         if soft and not args.force:
@@ -267,6 +268,9 @@ def run(args, out=print) -> int:
 
             raise explain_hub_error(exc, repo_id, args.revision, action="upload") from exc
     out(f"published: {url}")
+    if catalog_files:  # the entries cannot name the commit that contains them: the contributor adds it
+        out(f"coreai-catalog entries: {CATALOG_FOLDER}/ in the repo; set artifact.huggingface.revision to this "
+            f"commit ({url.rstrip('/').rsplit('/', 1)[-1]}) before `coreai-catalog contribute`.")
     return 0
 
 
