@@ -267,10 +267,10 @@ def run(args, out=print) -> int:
             from zoo.hub import explain_hub_error
 
             raise explain_hub_error(exc, repo_id, args.revision, action="upload") from exc
-    out(f"published: {url}")
     if catalog_files:  # the entries cannot name the commit that contains them: the contributor adds it
         out(f"coreai-catalog entries: {CATALOG_FOLDER}/ in the repo; set artifact.huggingface.revision to this "
             f"commit ({url.rstrip('/').rsplit('/', 1)[-1]}) before `coreai-catalog contribute`.")
+    out(f"published: {url}")  # the last line: scripts read the commit URL from it
     return 0
 
 
