@@ -44,6 +44,23 @@ def test_tiny_llm_bundle_is_token_exact_with_its_transcript_and_tokenizer(bundle
     assert sorted(functions) == sorted(json.loads((result.path / "report.json").read_text())["functions"])
 
 
+def test_coreai_llm_bundle_is_a_language_bundle_to_coreai_doctor(bundles):
+    """Apple's LanguageBundle contract (kind llm, language block, tokenizer/), checked by the community tool."""
+    import subprocess
+    import sys
+
+    bundle = bundles["coreai"].path
+    language = json.loads((bundle / "metadata.json").read_text())["language"]
+    assert language["function_map"]["prefill"] == ["prefill"] and language["max_context_length"] == 256
+    run = subprocess.run([sys.executable, "-m", "coreai_cli", "doctor", str(bundle), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["kind"] == "bundle" and "BUNDLE-INCOMPLETE" in report["rules_run"]
+    # The tiny tokenizer has no chat template: doctor notes it (info), nothing worse.
+    assert {f["severity"] for f in report["findings"]} <= {"info"}
+
+
 def test_negative_control_a_perturbed_llm_fails_the_token_gate(cfg, tmp_path, monkeypatch):
     component = get_spec(cfg.model).components[0]
     original = component.build

@@ -89,6 +89,16 @@ def test_skipped_stages_say_why(bundles):
     assert optimize["outcome"] == "ok" and "int8" in optimize["note"]
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_litert_quantizes_with_the_maintained_litert_quantizer(bundles, precision):
+    """ai-edge-quantizer's successor does the fp16/int8 passes (their gates above are the regression check)."""
+    result = bundles[("litert", precision)]
+    optimize = next(s for s in result.stages if s["name"] == "optimize")
+    assert "litert-quantizer" in optimize["note"]
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    assert manifest["tools"]["litert-quantizer"] == "0.11.0" and "ai-edge-quantizer" not in manifest["tools"]
+
+
 # --- negative controls: a broken artifact and a tightened threshold must fail, and lose nothing ---
 
 @pytest.fixture

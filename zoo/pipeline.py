@@ -30,6 +30,7 @@ from zoo.registry import Component, ModelSpec, get_spec
 from zoo.schema import BundleStatus, StageOutcome
 from zoo.stages import StageLog
 from zoo.targets import Entry, get_target
+from zoo.targets.coreai_bundle import BundleFacts
 
 
 @dataclass
@@ -230,8 +231,10 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         path = target.save(artifact, staging, {"author": "zoo", "description": f"{cfg.name} {component.name}"})
         if component.extra_files:
             component.extra_files(checkpoint, cfg, staging)
+        function_names = [e.name for e in entries]
+        target.describe_bundle(staging, bundle_facts(component, cfg, checkpoint, target, path, function_names,
+                                                     precision))
     entry_inputs = {e.name: to_numpy(e.inputs) for e in entries}
-    function_names = list(entry_inputs)
     del artifact, prepared, entries
     gc.collect()
     with log.stage("verify") as record:
@@ -249,6 +252,19 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
     details["functions"] = function_names
     checks, note = target.post_save_checks(path, entry_inputs, cfg, precision, details, log, ctx.evidence)
     return gate_results + checks, details, note
+
+
+def bundle_facts(component: Component, cfg, checkpoint: weights.Checkpoint, target, artifact_path: Path,
+                 function_names: list[str], precision: Precision) -> BundleFacts:
+    """What a target's bundle descriptor (Core AI: metadata.json) says, from the component's declarations."""
+    spec_name = str(cfg.name)
+    language = component.language(checkpoint, cfg) if component.language else None
+    return BundleFacts(
+        name=spec_name if len(get_spec(cfg).components) == 1 else f"{spec_name}-{component.name}",
+        kind=component.bundle_kind, asset=Path(artifact_path).name, functions=list(function_names),
+        weights=_weights_summary(checkpoint), precision=precision.name,
+        int8_group_size=_compress_options(cfg)["int8_group_size"],
+        language=language, tools=target.versions())
 
 
 def _compress_options(cfg) -> dict:

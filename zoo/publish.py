@@ -34,6 +34,7 @@ from pathlib import Path
 
 from zoo import integrity
 from zoo.bundle import MANIFEST, REPORT
+from zoo.catalog_entry import CATALOG_FOLDER, write_catalog_entries
 from zoo.errors import ZooError
 
 LARGE_UPLOAD_BYTES = 2 * 2**30   # above this (or LARGE_UPLOAD_FILES), the resumable multi-commit path
@@ -248,6 +249,9 @@ def run(args, out=print) -> int:
         if args.stage_only and args.stage_only.exists() and any(args.stage_only.iterdir()):
             raise ZooError(f"--stage-only {args.stage_only} is not empty.", "pass an empty or new folder.")
         files = stage(bundles, str(card), folder)
+        catalog_files = write_catalog_entries(bundles, spec, repo_id, folder)  # one per Core AI bundle
+        if catalog_files:
+            files = staged_files(folder)
         _print_plan(out, repo_id, args.revision, folder, files, str(card), preview or bool(args.stage_only))
         if soft and not args.force:
             raise _tiny_weights_refusal(soft)
@@ -263,7 +267,10 @@ def run(args, out=print) -> int:
             from zoo.hub import explain_hub_error
 
             raise explain_hub_error(exc, repo_id, args.revision, action="upload") from exc
-    out(f"published: {url}")
+    if catalog_files:  # the entries cannot name the commit that contains them: the contributor adds it
+        out(f"coreai-catalog entries: {CATALOG_FOLDER}/ in the repo; set artifact.huggingface.revision to this "
+            f"commit ({url.rstrip('/').rsplit('/', 1)[-1]}) before `coreai-catalog contribute`.")
+    out(f"published: {url}")  # the last line: scripts read the commit URL from it
     return 0
 
 

@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "configs"   # shared groups: target, precision, launcher
 MODELS_DIR = ROOT / "models"
 MODEL_CONFIG = "config.yaml"
+# Apple's bundle kinds name applications (llm, segmenter, ...); an encoder or a backbone is none of them,
+# so its bundle says plainly that it is a model, loadable as an asset but not by an app-level loader.
+GENERIC_BUNDLE_KIND = "model"
 
 
 def one_shot_session(runner, target: str):
@@ -83,6 +86,11 @@ class Component:
                                        on every output, computed by the metrics in zoo/gates.py
     measure                         -> what `zoo bench` times (default: latency vs eager, zoo/bench.py)
     extra_files(checkpoint, cfg, bundle_dir) -> writes e.g. a tokenizer or scheduler config into the bundle
+    bundle_kind                     -> what the bundle is to Apple's tools (Core AI metadata.json `kind`):
+                                       one of Apple's kinds (llm, vlm, diffusion, segmenter,
+                                       speech_recognizer) where one fits, else the generic default
+    language(checkpoint, cfg)       -> for kind "llm": {tokenizer (folder in the bundle), vocab_size,
+                                       max_context_length} — the language block Apple's LanguageBundle reads
     """
 
     name: str
@@ -96,6 +104,8 @@ class Component:
     verify: Callable | None = None
     measure: Measure | None = None
     extra_files: Callable | None = None
+    bundle_kind: str = GENERIC_BUNDLE_KIND
+    language: Callable | None = None
 
 
 @dataclass

@@ -139,6 +139,13 @@ def ship_tokenizer(checkpoint: Checkpoint, cfg, bundle_dir: Path) -> None:
     tokenizer_for(checkpoint).save_pretrained(bundle_dir / TOKENIZER_DIR)
 
 
+def language(checkpoint: Checkpoint, cfg) -> dict:
+    """Component.language: what Apple's LanguageBundle reads. The context is the exported KV-cache length
+    (cfg.context_len), not the checkpoint's max_position_embeddings: it is all the bundle can hold."""
+    return {"tokenizer": TOKENIZER_DIR, "vocab_size": int(checkpoint.config["vocab_size"]),
+            "max_context_length": int(cfg.context_len), "embedded_tokenizer": True}
+
+
 @dataclass
 class GQALLMConfig(ModelConfig):
     """config.yaml keys only the LLM has."""
@@ -170,6 +177,8 @@ SPEC = ModelSpec(
             verify=verify,
             measure=GENERATION_MEASURE,
             extra_files=ship_tokenizer,
+            bundle_kind="llm",
+            language=language,
         )
     ],
     tiny_dir=TINY_DIR,

@@ -245,6 +245,13 @@ class CoreAITarget:
         program.save_asset(path, md)
         return path
 
+    def describe_bundle(self, bundle_dir: Path, facts: "BundleFacts") -> None:
+        """The root metadata.json in Apple's schema (zoo/targets/coreai_bundle.py), written into the staging
+        folder after the asset and extra files, so the manifest hashes it like every other file."""
+        from zoo.targets.coreai_bundle import write_bundle_metadata
+
+        write_bundle_metadata(bundle_dir, facts)
+
     def open(self, path: Path) -> "CoreAIRunner":
         return CoreAIRunner(path)
 

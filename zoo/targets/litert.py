@@ -1,7 +1,7 @@
-"""Google LiteRT: litert-torch → .tflite → (ai-edge-quantizer) → run on the CPU interpreter.
+"""Google LiteRT: litert-torch → .tflite → (litert-quantizer) → run on the CPU interpreter.
 
 LiteRT has no bf16, and its CPU kernels compute in fp32 whatever the weight storage: `fp16` here means
-fp16 *weights* (ai-edge-quantizer float casting) and `int8` means dynamic-range int8 weights. The GPU
+fp16 *weights* (litert-quantizer float casting) and `int8` means dynamic-range int8 weights. The GPU
 delegate computes in fp16 by default regardless of storage (toolchain.md §3.1).
 """
 
@@ -37,11 +37,14 @@ def convert_entries(entries: list[Entry], out_path: Path) -> Path:
 
 
 def quantize(fp32_path: Path, precision: Precision, out_path: Path) -> tuple[Path, str]:
-    from ai_edge_quantizer import qtyping, quantizer, recipe
+    # litert-quantizer is the maintained successor of ai-edge-quantizer (renamed, same API; byte-identical
+    # output on dynamic_wi8, fp16 casting and dynamic_wi4b32 as measured in toolchain.md §5). The old name
+    # gets no fixes; it stays installed only because litert-torch 0.10.0 still depends on it.
+    from litert_quantizer import qtyping, quantizer, recipe
 
     if precision.name == "int8":
         q = quantizer.Quantizer(str(fp32_path), recipe.dynamic_wi8_afp32())
-        note = "dynamic-range int8 weights (ai-edge-quantizer dynamic_wi8_afp32), fp32 activations"
+        note = "dynamic-range int8 weights (litert-quantizer dynamic_wi8_afp32), fp32 activations"
     elif precision.name == "fp16":
         q = quantizer.Quantizer(str(fp32_path))
         q.add_weight_only_config(
@@ -50,7 +53,7 @@ def quantize(fp32_path: Path, precision: Precision, out_path: Path) -> tuple[Pat
             num_bits=16,
             algorithm_key=recipe.AlgorithmName.FLOAT_CASTING,
         )
-        note = "fp16 weights (ai-edge-quantizer float casting); CPU kernels compute in fp32"
+        note = "fp16 weights (litert-quantizer float casting); CPU kernels compute in fp32"
     else:
         raise ValueError(precision.name)
     q.quantize().export_model(str(out_path))
@@ -95,6 +98,10 @@ class LiteRTTarget:
     def open(self, path: Path) -> "LiteRTRunner":
         return LiteRTRunner(path)
 
+    def describe_bundle(self, bundle_dir: Path, facts) -> None:
+        """Nothing yet: a .tflite bundle has no ecosystem-wide bundle descriptor (LiteRT-LM packs its
+        metadata inside the .litertlm file instead)."""
+
     def post_save_checks(self, path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict,
                          log, evidence: dict | None = None) -> tuple[list, str]:
         """The LiteRT GPU delegate on software Vulkan, GPU-only: residency with the delegate's reasons,
@@ -135,7 +142,7 @@ class LiteRTTarget:
 
     @staticmethod
     def versions() -> dict[str, str]:
-        return {p: version(p) for p in ("litert-torch", "ai-edge-litert", "ai-edge-quantizer", "jax", "torch")}
+        return {p: version(p) for p in ("litert-torch", "ai-edge-litert", "litert-quantizer", "jax", "torch")}
 
 
 TFLITE_IDENTIFIER = b"TFL3"  # the FlatBuffer file identifier at bytes 4..8 of every .tflite
