@@ -9,7 +9,7 @@ this script wrote:
 Two fixtures:
 - `tiny/`: the upstream Nano classes with the DINOv2 size config shrunk (hidden 64, 2 heads, 4 layers) and the
   tiny detector config from ../shared/notes/models.md. Weights are committed (`model.safetensors`, upstream key
-  names, `config.json` = our config schema): this is also the model's `weights=tiny` checkpoint.
+  names, in `checkpoint/` with `config.json` in our config schema): this is also the model's `weights=tiny`.
 - `nano/`: the real Nano architecture (30.5 M params). Its weights would be 120 MB, so they are NOT committed:
   both sides regenerate them bit-identically with `seeded_state_dict` (a pure function of seed, key and shape on
   torch's CPU generator), and only the input, outputs and a key→shape manifest are stored.
@@ -165,10 +165,13 @@ def write_fixture(name: str, detector: dict, dino: dict, seed: int, commit_weigh
                   "weights": "committed" if commit_weights else "regenerate with seeded_state_dict(shapes, seed)"}
     (folder / "provenance.json").write_text(json.dumps(provenance, indent=1) + "\n")
     if commit_weights:
-        # The tiny checkpoint in the on-disk form the pipeline loads (config.json + *.safetensors): upstream keys.
+        # The tiny checkpoint in the on-disk form the pipeline loads (a folder of config.json + *.safetensors,
+        # upstream keys), apart from io.safetensors, which is not a weight file.
+        checkpoint = folder / "checkpoint"
+        checkpoint.mkdir(exist_ok=True)
         save_file({k: v.contiguous() for k, v in model.state_dict().items() if v.is_floating_point()},
-                  str(folder / "model.safetensors"))
-        (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+                  str(checkpoint / "model.safetensors"))
+        (checkpoint / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     else:
         (folder / "config.json").write_text(json.dumps(config, indent=1) + "\n")
         (folder / "shapes.json").write_text(json.dumps(float_shapes(model), indent=0) + "\n")

@@ -1,0 +1,185 @@
+"""RF-DETR (Roboflow's real-time detection transformer): declarations only; the pipeline does the work.
+
+One component, `detector`: image [1, 3, R, R] in [0, 1] → boxes [1, Q, 4] (cxcywh, normalised) and class
+logits [1, Q, C]. Host-side post-processing and the set-based detection gate are shared code
+(zoo/detection.py, zoo/gates.py). The reference is this port with torch's own `F.grid_sample` in the
+deformable attention (upstream's op): its parity with upstream `rfdetr` is proven against the golden
+fixtures in tests/test_rf_detr.py, which CI runs without torchvision.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from models.rf_detr import images
+from models.rf_detr.model import RFDETR, RFDETRConfig
+from models.rf_detr.weights import seeded_state_dict, without_bookkeeping
+from zoo import gates
+from zoo.detection import decode_detections, match_detections, merge_reports
+from zoo.errors import ZooError
+from zoo.registry import Component, ModelSpec
+from zoo.schema import ModelConfig
+from zoo.weights import Checkpoint, load_strict
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+TINY_DIR = GOLDEN_DIR / "tiny" / "checkpoint"   # the tiny golden checkpoint is the model's `weights=tiny`
+OUTPUTS = ["boxes", "logits"]
+# Which deformable sampler each target's graph uses (models/rf_detr/model.py): Core AI gets the gather form
+# (4 row gathers, float masks); LiteRT the tent-matmul form, which has no GATHER_ND for the GPU to reject.
+SAMPLER_BY_TARGET = {"coreai": "gather", "litert": "tent"}
+
+
+def architecture(cfg) -> dict:
+    return OmegaConf.to_container(cfg.variants[cfg.variant].architecture, resolve=True)
+
+
+def detector_config(checkpoint: Checkpoint) -> RFDETRConfig:
+    return RFDETRConfig.from_dict(dict(checkpoint.config))
+
+
+def check_variant(checkpoint: Checkpoint, cfg) -> None:
+    """A checkpoint of another variant (Small weights with variant=nano) is named, not half-loaded."""
+    if checkpoint.source in ("tiny", "random"):
+        return
+    expected = architecture(cfg)
+    got = dict(checkpoint.config)
+    differing = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
+    if differing:
+        raise ZooError(f"The checkpoint does not have the '{cfg.variant}' architecture: "
+                       + ", ".join(f"{k}={a} (expected {b})" for k, (a, b) in differing.items()) + ".",
+                       "pick the variant the weights belong to (model.variant=nano|small|medium|large).")
+
+
+def build(checkpoint: Checkpoint, cfg) -> nn.Module:
+    check_variant(checkpoint, cfg)
+    module = RFDETR(detector_config(checkpoint))
+    return load_strict(module, without_bookkeeping(checkpoint.state_dict)).eval()
+
+
+def reference(checkpoint: Checkpoint, cfg) -> nn.Module:
+    return build(checkpoint, cfg).set_sampler("grid_sample")
+
+
+def entries(module: RFDETR, inputs: dict, target: str, cfg):
+    from zoo.targets import Entry
+
+    module.set_sampler(SAMPLER_BY_TARGET[target])
+    return [Entry("main", module, dict(inputs), list(OUTPUTS))]
+
+
+def example_photo_inputs(cfg, resolution: int) -> list[tuple[str, np.ndarray, torch.Tensor]]:
+    """(name, original RGB, model input) for every gate photo in the config."""
+    out = []
+    for name in cfg.detection.photos:
+        rgb = images.photo(name)
+        out.append((name, rgb, images.to_model_input(rgb, resolution)))
+    return out
+
+
+def example_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tensor]:
+    """The first gate photo, squashed to the model resolution like upstream's predict()."""
+    resolution = detector_config(checkpoint).resolution
+    return {"image": example_photo_inputs(cfg, resolution)[0][2]}
+
+
+def random_checkpoint(cfg) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The variant's architecture with the golden fixtures' seeded weights (for benchmarks, not for use)."""
+    config = architecture(cfg)
+    shapes = {k: tuple(v.shape) for k, v in RFDETR(RFDETRConfig.from_dict(config)).state_dict().items()}
+    return config, seeded_state_dict(shapes, int(cfg.seed))
+
+
+# ---------------------------------------------------------------- verify: arrays + detection sets
+
+
+def detections_on_photos(session, reference_module, cfg, resolution: int) -> tuple[dict, list[dict]]:
+    """Run artifact and reference on every gate photo; decode both the same way; match as sets."""
+    d = cfg.detection
+    reports, per_photo = [], []
+    for name, rgb, x in example_photo_inputs(cfg, resolution):
+        got = session.run({"image": x.numpy()})
+        with torch.no_grad():
+            ref_boxes, ref_logits = reference_module(x)
+        hw = rgb.shape[:2]
+        candidate = decode_detections(got["boxes"], got["logits"], hw, int(d.num_select))
+        expected = decode_detections(ref_boxes.numpy(), ref_logits.numpy(), hw, int(d.num_select))
+        report = match_detections(candidate, expected, float(d.score_threshold), float(d.iou_min), float(d.score_tol))
+        reports.append(report)
+        per_photo.append({"photo": name, **{k: v for k, v in report.items() if k != "pairs"}})
+    return merge_reports(reports), per_photo
+
+
+def verify(ctx) -> tuple[list, dict]:
+    """Cosine-style gates on boxes/logits of the example photo, then the detection-set gates on every photo."""
+    array_thresholds = {m: t for m, t in ctx.thresholds.items() if gates.METRICS[m].compares == "arrays"}
+    detection_thresholds = {m: t for m, t in ctx.thresholds.items() if gates.METRICS[m].compares == "detection sets"}
+    with ctx.session as session:
+        outputs = session.run(ctx.inputs)
+        results = gates.evaluate(outputs, ctx.reference_outputs, array_thresholds) if array_thresholds else []
+        details = {"outputs": [{"name": k, "shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)}
+                               for k, v in outputs.items()]}
+        if detection_thresholds:
+            resolution = detector_config(ctx.checkpoint).resolution
+            merged, per_photo = detections_on_photos(session, reference(ctx.checkpoint, ctx.cfg), ctx.cfg, resolution)
+            for metric, threshold in detection_thresholds.items():
+                value = float(gates.METRICS[metric].fn(merged))
+                results.append(gates.GateResult("detections", metric, value, float(threshold),
+                                                gates.check_value(metric, value, threshold)))
+            details["detections"] = {"settings": OmegaConf.to_container(ctx.cfg.detection), "merged": merged,
+                                     "photos": per_photo}
+    return results, details
+
+
+@dataclass
+class DetectionSection:
+    """The detection gate: which photos, and what counts as the same detection."""
+
+    photos: list[str] = field(default_factory=lambda: list(images.PHOTOS[:2]))
+    num_select: int = 300
+    score_threshold: float = 0.5
+    iou_min: float = 0.75
+    score_tol: float = 0.02
+
+
+@dataclass
+class RFDETRModelConfig(ModelConfig):
+    """config.yaml keys only RF-DETR has."""
+
+    detection: DetectionSection = field(default_factory=DetectionSection)
+
+
+SPEC = ModelSpec(
+    name="rf-detr",
+    summary="RF-DETR detection transformer (windowed DINOv2 + deformable decoder), Roboflow",
+    components=[
+        Component(
+            name="detector",
+            build=build,
+            reference=reference,
+            example_inputs=example_inputs,
+            output_names=list(OUTPUTS),
+            entries=entries,
+            verify=verify,
+        )
+    ],
+    tiny_dir=TINY_DIR,
+    random_checkpoint=random_checkpoint,
+    config_schema=RFDETRModelConfig,
+)
+
+
+def golden(name: str) -> dict:
+    """A golden fixture folder's config and stored arrays (tests and README)."""
+    from safetensors.torch import load_file
+
+    folder = GOLDEN_DIR / name
+    config = folder / "checkpoint" / "config.json" if (folder / "checkpoint").is_dir() else folder / "config.json"
+    return {"config": json.loads(config.read_text()),
+            "io": load_file(str(folder / "io.safetensors")), "folder": folder}
