@@ -31,9 +31,11 @@ from zoo.weights import Checkpoint, load_strict
 GOLDEN_DIR = Path(__file__).parent / "golden"
 TINY_DIR = GOLDEN_DIR / "tiny" / "checkpoint"   # the tiny golden checkpoint is the model's `weights=tiny`
 OUTPUTS = ["boxes", "logits"]
-# Which deformable sampler each target's graph uses (models/rf_detr/model.py): Core AI gets the gather form
-# (4 row gathers, float masks); LiteRT the tent-matmul form, which has no GATHER_ND for the GPU to reject.
-SAMPLER_BY_TARGET = {"coreai": "gather", "litert": "tent"}
+# The graph forms each target gets (models/rf_detr/model.py), both exact to fp32 rounding vs upstream:
+# Core AI: the deformable sampler as 4 row gathers with float masks, top-k rows picked by index_select (cheapest).
+# LiteRT: the tent-matmul sampler and one-hot row picking — no GATHER/GATHER_ND, which its GPU delegate rejects.
+FORMS_BY_TARGET = {"coreai": {"sampler": "gather", "selection": "index"},
+                   "litert": {"sampler": "tent", "selection": "onehot"}}
 
 
 def architecture(cfg) -> dict:
@@ -70,7 +72,8 @@ def reference(checkpoint: Checkpoint, cfg) -> nn.Module:
 def entries(module: RFDETR, inputs: dict, target: str, cfg):
     from zoo.targets import Entry
 
-    module.set_sampler(SAMPLER_BY_TARGET[target])
+    forms = FORMS_BY_TARGET[target]
+    module.set_sampler(forms["sampler"]).set_selection(forms["selection"])
     return [Entry("main", module, dict(inputs), list(OUTPUTS))]
 
 

@@ -37,6 +37,7 @@ from zoo.errors import ZooError
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 SAMPLERS = ("gather", "tent", "grid_sample")  # grid_sample: torch's op, for the reference only
+SELECTIONS = ("index", "onehot")  # how the top-k encoder rows are picked (Transformer.pick_rows)
 
 
 @dataclass(frozen=True)
@@ -492,6 +493,16 @@ class MSDeformAttn(nn.Module):
 # ------------------------------------------------------------------ decoder
 
 
+def linear_plus(x: torch.Tensor, linear: nn.Linear, addend: torch.Tensor) -> torch.Tensor:
+    """linear(x) + addend, with the bias folded into the addend: x·Wᵀ + (b + addend).
+
+    Why: in decoder layer 0 the addend is the learned query table, a graph constant [1, Q, C]. LiteRT's GPU
+    delegate accepts FULLY_CONNECTED (rank-2 output, bias inside) → ADD with a full-shape rank-3 constant but
+    computes it wrongly even in fp32 (toolchain.md §3.2: err 1.87, only row 0 right); with the bias folded into
+    the constant it is exact. For a runtime addend the fold is one extra ADD and 1-ulp reassociation."""
+    return F.linear(x, linear.weight) + (linear.bias + addend)
+
+
 class MultiheadSelfAttention(nn.Module):
     """nn.MultiheadAttention's keys (in_proj_weight/bias, out_proj), written as explicit matmuls."""
 
@@ -502,14 +513,15 @@ class MultiheadSelfAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.heads = heads
 
-    def forward(self, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, qk: torch.Tensor, v: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + attention(qk, qk, v)."""
         d = qk.shape[-1]
         w, bias = self.in_proj_weight, self.in_proj_bias
         q = F.linear(qk, w[:d], bias[:d])
         k = F.linear(qk, w[d: 2 * d], bias[d: 2 * d])
         v = F.linear(v, w[2 * d:], bias[2 * d:])
         out = attention(*(split_heads(t, self.heads) for t in (q, k, v)))
-        return self.out_proj(merge_heads(out))
+        return linear_plus(merge_heads(out), self.out_proj, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -522,9 +534,10 @@ class DecoderLayer(nn.Module):
         self.linear1, self.linear2 = nn.Linear(d, c.dim_feedforward), nn.Linear(c.dim_feedforward, d)
         self.norm2, self.norm3 = nn.LayerNorm(d), nn.LayerNorm(d)
 
-    def forward(self, tgt, query_pos, reference, memory, h: int, w: int):
-        tgt = self.norm1(tgt + self.self_attn(tgt + query_pos, tgt))
-        tgt = self.norm2(tgt + self.cross_attn(tgt + query_pos, reference, memory, h, w))
+    def forward(self, tgt, with_query_pos, reference, memory, h: int, w: int):
+        """with_query_pos(t) = t + query_pos (computed by the decoder with its bias folded, see linear_plus)."""
+        tgt = self.norm1(self.self_attn(with_query_pos(tgt), tgt, tgt))
+        tgt = self.norm2(tgt + self.cross_attn(with_query_pos(tgt), reference, memory, h, w))
         return self.norm3(tgt + self.linear2(F.relu(self.linear1(tgt))))
 
 
@@ -553,9 +566,11 @@ class Decoder(nn.Module):
         return torch.cat([y, x, w, h], -1)
 
     def forward(self, tgt, reference, memory, h: int, w: int):
-        query_pos = self.ref_point_head(self.sine_embedding(reference))
+        head = self.ref_point_head
+        hidden = F.relu(head.layers[0](self.sine_embedding(reference)))   # the query-position MLP, but its last
+        with_query_pos = lambda t: linear_plus(hidden, head.layers[1], t)  # noqa: E731  layer fused with the add
         for layer in self.layers:
-            tgt = layer(tgt, query_pos, reference, memory, h, w)
+            tgt = layer(tgt, with_query_pos, reference, memory, h, w)
         return self.norm(tgt)
 
 
@@ -593,6 +608,7 @@ class Transformer(nn.Module):
         self.register_buffer("proposals", proposals, persistent=False)
         self.register_buffer("proposal_valid", valid, persistent=False)
         self.num_queries = c.num_queries
+        self.selection = "index"
 
     def select_queries(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k encoder tokens by best class logit → their proposal boxes refined by the encoder box head."""
@@ -603,13 +619,26 @@ class Transformer(nn.Module):
         scores = self.enc_out_class_embed[0](normed).amax(-1)                        # [B, HW]
         k = min(self.num_queries, hw)
         top = torch.topk(scores, k, dim=1).indices                                    # [B, k]
-        # Row gather on a flattened memory: index_select, no expand. LayerNorm is per row, so selecting rows of
-        # the normed memory equals upstream's norm-after-gather.
-        flat = (top + torch.arange(b).view(b, 1) * hw).reshape(-1)
-        selected = normed.reshape(b * hw, d).index_select(0, flat).view(b, k, d)
-        boxes = self.proposals.reshape(hw, 4).index_select(0, top.reshape(-1)).view(b, k, 4) if b == 1 else \
-            torch.cat([self.proposals] * b).reshape(b * hw, 4).index_select(0, flat).view(b, k, 4)
+        # LayerNorm is per row, so picking rows of the normed memory equals upstream's norm-after-gather.
+        selected = self.pick_rows(normed, top)
+        boxes = self.pick_rows(torch.cat([self.proposals] * b) if b > 1 else self.proposals, top)
         return apply_box_delta(self.enc_out_bbox_embed[0](selected), boxes), selected
+
+    def pick_rows(self, rows: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+        """rows [B, N, C], top [B, k] → [B, k, C].
+
+        "index": an index_select on the flattened [B·N, C] rows (no expand, so no BROADCAST_TO); a GATHER the
+        LiteRT GPU delegate rejects. "onehot": a [B, k, N] one-hot matrix built with float arithmetic from the
+        indices (tent weights at integer positions are exactly 0/1) times the rows — a batched matmul, GPU-clean,
+        and exact in fp32 (each output is one row times 1 plus zeros)."""
+        b, n, c = rows.shape
+        if self.selection == "onehot":
+            from zoo.rewrites.resampling import tent_weights
+
+            onehot = tent_weights(top.to(rows.dtype).unsqueeze(-1), n)              # [B, k, N]
+            return onehot @ rows
+        flat = (top + torch.arange(b).view(b, 1) * n).reshape(-1)
+        return rows.reshape(b * n, c).index_select(0, flat).view(b, -1, c)
 
     def forward(self, features: torch.Tensor, query_feat: torch.Tensor, refpoint_embed: torch.Tensor):
         b, d, h, w = features.shape
@@ -649,6 +678,12 @@ class RFDETR(nn.Module):
         for module in self.modules():
             if isinstance(module, MSDeformAttn):
                 module.sampler = sampler
+        return self
+
+    def set_selection(self, selection: str) -> "RFDETR":
+        if selection not in SELECTIONS:
+            raise ZooError(f"Unknown query selection '{selection}'.", f"use one of {', '.join(SELECTIONS)}.")
+        self.transformer.selection = selection
         return self
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -296,8 +296,11 @@ def tent_weights(coord: torch.Tensor, size: int) -> torch.Tensor:
 
     Exactly the bilinear interpolation weights of the two neighbouring pixels, and 0 for every pixel
     outside the map (zero padding). Public: RF-DETR's deformable sampler builds its kernels from it."""
-    ones = const_like(np.ones((size, 1)), coord)
-    spread = F.linear(coord, ones)  # [N, P, size]: a copy per pixel, via FC (not BROADCAST_TO)
+    # A copy per pixel as a broadcasting MUL with a ones row (no BROADCAST_TO is emitted). The previous form,
+    # an FC against a [size, 1] ones matrix, is accepted by LiteRT's GPU delegate but computed wrongly at rank 3
+    # ([1, 30, 1] → [1, 30, size]: only row 0 right, even in fp32; measured on RF-DETR's one-hot query selection,
+    # cosine 1/30 vs the CPU interpreter). The MUL form is exact on the GPU.
+    spread = coord * const_like(np.ones(size), coord)
     return torch.relu(1.0 - torch.abs(spread - const_like(np.arange(size), coord)))
 
 
