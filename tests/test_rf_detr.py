@@ -179,3 +179,36 @@ def test_convert_tiny_on_both_targets_with_detection_gate_and_gpu_residency(run_
         assert gpu["status"] == "accepted", gpu.get("rejected_ops")
         for errors in gpu["outputs"]["main"].values():
             assert errors["fp32_rel_err"] < 1e-4
+
+
+# ---------------------------------------------------------------- bad input to the bundle runner
+
+
+@pytest.fixture(scope="module")
+def litert_bundle(tmp_path_factory):
+    """A tiny LiteRT bundle (no gates: the runner is what is under test here)."""
+    from models.rf_detr import entries
+    from tests.conftest import convert_with_target
+
+    ck = tiny_checkpoint()
+    module = SPEC.components[0].build(ck, None)
+    image = torch.rand(1, 3, module.config.resolution, module.config.resolution)
+    return convert_with_target("litert", entries(module, {"image": image}, "litert", None),
+                               tmp_path_factory.mktemp("rfdetr-litert"))
+
+
+@pytest.mark.parametrize("image, message", [
+    (np.zeros((1, 3, 64, 64), np.float32), "shape \\[1, 3, 64, 64\\]; the bundle expects \\[1, 3, 128, 128\\]"),
+    (np.zeros((1, 4, 128, 128), np.float32), "shape \\[1, 4, 128, 128\\]"),
+    (np.zeros((1, 3, 128, 128), np.float64), "is float64; the bundle expects float32"),
+    (np.full((1, 3, 128, 128), 255.0, np.float32), "expects \\[0, 1\\]"),
+])
+def test_bad_images_get_a_clear_error(litert_bundle, image, message):
+    from models.rf_detr import detector_session
+    from zoo.targets.litert import LiteRTRunner
+
+    with LiteRTRunner(litert_bundle) as runner:
+        with pytest.raises(ZooError, match=message):
+            detector_session(runner, "litert").run({"image": image})
+        out = detector_session(runner, "litert").run({"image": np.zeros((1, 3, 128, 128), np.float32)})
+        assert out["boxes"].shape == (1, 30, 4)

@@ -26,6 +26,7 @@ from zoo.detection import decode_detections, match_detections, merge_reports
 from zoo.errors import ZooError
 from zoo.registry import Component, ModelSpec
 from zoo.schema import ModelConfig
+from zoo.sessions import OneShotSession
 from zoo.weights import Checkpoint, load_strict
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -99,6 +100,30 @@ def random_checkpoint(cfg) -> tuple[dict, dict[str, torch.Tensor]]:
     return config, seeded_state_dict(shapes, int(cfg.seed))
 
 
+# ---------------------------------------------------------------- the bundle's session
+
+
+class DetectorSession(OneShotSession):
+    """One call per image. On top of the shared shape/dtype check (zoo.sessions.check_inputs), an image must be in
+    [0, 1] (the graph normalises with ImageNet statistics itself; a 0-255 image would silently detect nothing)."""
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        image = np.asarray(inputs.get("image", np.zeros(0)))
+        if image.size and image.dtype.kind == "f" and (np.nanmin(image) < 0.0 or np.nanmax(image) > 1.0):
+            raise ZooError(f"The image has values in [{np.nanmin(image):g}, {np.nanmax(image):g}]; the bundle "
+                           "expects [0, 1].", "divide 8-bit pixels by 255 (models/rf_detr/images.to_model_input).")
+        return super().run(inputs)
+
+    def detect(self, rgb: np.ndarray, resolution: int, num_select: int = 300):
+        """An RGB uint8 photo → detections in its own pixel coordinates (shared host-side decode)."""
+        out = self.run({"image": images.to_model_input(rgb, resolution).numpy()})
+        return decode_detections(out["boxes"], out["logits"], rgb.shape[:2], num_select)
+
+
+def detector_session(runner, target: str) -> DetectorSession:
+    return DetectorSession(runner)
+
+
 # ---------------------------------------------------------------- verify: arrays + detection sets
 
 
@@ -169,6 +194,7 @@ SPEC = ModelSpec(
             example_inputs=example_inputs,
             output_names=list(OUTPUTS),
             entries=entries,
+            session=detector_session,
             verify=verify,
         )
     ],
