@@ -74,7 +74,9 @@ def entries(module: RFDETR, inputs: dict, target: str, cfg):
     from zoo.targets import Entry
 
     forms = FORMS_BY_TARGET[target]
-    module.set_sampler(forms["sampler"]).set_selection(forms["selection"])
+    # `module` may be the precision wrapper (zoo.precision.IOCast) around the detector: set the forms inside.
+    for detector in (m for m in module.modules() if isinstance(m, RFDETR)):
+        detector.set_sampler(forms["sampler"]).set_selection(forms["selection"])
     return [Entry("main", module, dict(inputs), list(OUTPUTS))]
 
 

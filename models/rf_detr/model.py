@@ -397,6 +397,9 @@ def sample_bilinear_gather(value: torch.Tensor, ix: torch.Tensor, iy: torch.Tens
     float masks; their (clamped) indices still read a valid row.
     """
     n, hw, d = value.shape
+    # Coordinates in fp32 whatever the model dtype: bf16 keeps 8 mantissa bits (1/8 px at x = 24), and coreai-torch
+    # 0.4.3 fails to convert a bf16 floor-divide by a scalar ("dtype f32 vs bf16").
+    ix, iy = ix.float(), iy.float()
     x0, y0 = floor_gpu_safe(ix), floor_gpu_safe(iy)
     fx, fy = ix - x0, iy - y0
     rows = value.reshape(n * hw, d)
@@ -408,7 +411,7 @@ def sample_bilinear_gather(value: torch.Tensor, ix: torch.Tensor, iy: torch.Tens
             weight = wx * wy * inside(xc, w) * inside(yc, h)
             index = base + yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)
             picked = rows.index_select(0, index.reshape(-1).to(torch.int32)).view(n, -1, d)
-            term = picked * weight.unsqueeze(-1)
+            term = picked * weight.unsqueeze(-1).to(value.dtype)
             out = term if out is None else out + term
     return out
 
