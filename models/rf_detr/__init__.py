@@ -43,26 +43,46 @@ def architecture(cfg) -> dict:
     return OmegaConf.to_container(cfg.variants[cfg.variant].architecture, resolve=True)
 
 
-def detector_config(checkpoint: Checkpoint) -> RFDETRConfig:
-    return RFDETRConfig.from_dict(dict(checkpoint.config))
+def detector_config(checkpoint: Checkpoint, cfg=None) -> RFDETRConfig:
+    """The checkpoint's own config.json, or — for a bare weight file (.pth, url) — the variant's architecture with
+    the class count read from the weights (fine-tuned checkpoints change only the class head)."""
+    if checkpoint.config:
+        return RFDETRConfig.from_dict(dict(checkpoint.config))
+    config = architecture(cfg)
+    head = checkpoint.state_dict.get("class_embed.weight")
+    if head is not None:
+        config["num_classes"] = int(head.shape[0])
+    return RFDETRConfig.from_dict(config)
+
+
+def architecture_signals(state_dict: dict) -> dict:
+    """What the weights themselves say about the architecture: patch grid side and decoder depth."""
+    signals = {}
+    pos = state_dict.get("backbone.0.encoder.encoder.embeddings.position_embeddings")
+    if pos is not None:
+        signals["patches_per_side"] = int(round((pos.shape[1] - 1) ** 0.5))
+    layers = {k.split(".")[3] for k in state_dict if k.startswith("transformer.decoder.layers.")}
+    signals["dec_layers"] = len(layers)
+    return signals
 
 
 def check_variant(checkpoint: Checkpoint, cfg) -> None:
     """A checkpoint of another variant (Small weights with variant=nano) is named, not half-loaded."""
-    if checkpoint.source in ("tiny", "random"):
+    if checkpoint.source in ("tiny", "random") or cfg is None:
         return
-    expected = architecture(cfg)
-    got = dict(checkpoint.config)
-    differing = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
+    expected = RFDETRConfig.from_dict(architecture(cfg))
+    want = {"patches_per_side": expected.patches_per_side, "dec_layers": expected.dec_layers}
+    got = architecture_signals(checkpoint.state_dict)
+    differing = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
     if differing:
         raise ZooError(f"The checkpoint does not have the '{cfg.variant}' architecture: "
                        + ", ".join(f"{k}={a} (expected {b})" for k, (a, b) in differing.items()) + ".",
-                       "pick the variant the weights belong to (model.variant=nano|small|medium|large).")
+                       "pick the variant the weights belong to (model.variant=nano|small|medium|large|tiny).")
 
 
 def build(checkpoint: Checkpoint, cfg) -> nn.Module:
     check_variant(checkpoint, cfg)
-    module = RFDETR(detector_config(checkpoint))
+    module = RFDETR(detector_config(checkpoint, cfg))
     return load_strict(module, without_bookkeeping(checkpoint.state_dict)).eval()
 
 
@@ -91,7 +111,7 @@ def example_photo_inputs(cfg, resolution: int) -> list[tuple[str, np.ndarray, to
 
 def example_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tensor]:
     """The first gate photo, squashed to the model resolution like upstream's predict()."""
-    resolution = detector_config(checkpoint).resolution
+    resolution = detector_config(checkpoint, cfg).resolution
     return {"image": example_photo_inputs(cfg, resolution)[0][2]}
 
 
@@ -156,7 +176,7 @@ def verify(ctx) -> tuple[list, dict]:
         details = {"outputs": [{"name": k, "shape": list(np.shape(v)), "dtype": str(np.asarray(v).dtype)}
                                for k, v in outputs.items()]}
         if detection_thresholds:
-            resolution = detector_config(ctx.checkpoint).resolution
+            resolution = detector_config(ctx.checkpoint, ctx.cfg).resolution
             merged, per_photo = detections_on_photos(session, reference(ctx.checkpoint, ctx.cfg), ctx.cfg, resolution)
             for metric, threshold in detection_thresholds.items():
                 value = float(gates.METRICS[metric].fn(merged))
