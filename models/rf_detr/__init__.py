@@ -24,7 +24,7 @@ from models.rf_detr.weights import seeded_state_dict, without_bookkeeping
 from zoo import gates
 from zoo.detection import decode_detections, match_detections, merge_reports
 from zoo.errors import ZooError
-from zoo.registry import Component, ModelSpec
+from zoo.registry import Component, Measure, ModelSpec
 from zoo.schema import ModelConfig
 from zoo.sessions import OneShotSession
 from zoo.weights import Checkpoint, load_strict
@@ -149,8 +149,35 @@ def detector_session(runner, target: str) -> DetectorSession:
 # ---------------------------------------------------------------- verify: arrays + detection sets
 
 
-def detections_on_photos(session, reference_module, cfg, resolution: int) -> tuple[dict, list[dict]]:
-    """Run artifact and reference on every gate photo; decode both the same way; match as sets."""
+PICTURE = "detections.png"
+
+
+def side_by_side(rgb: np.ndarray, reference_dets, artifact_dets, threshold: float, title: str):
+    """The photo twice: the reference's detections above the threshold on the left, the artifact's on the right."""
+    from PIL import Image, ImageDraw
+
+    panels = []
+    for label, dets in ((f"reference (eager torch)", reference_dets), (f"artifact: {title}", artifact_dets)):
+        panel = Image.fromarray(rgb).convert("RGB")
+        draw = ImageDraw.Draw(panel)
+        kept = dets.above(threshold)
+        for box, score, cls in zip(kept.boxes, kept.scores, kept.labels):
+            hue = (int(cls) * 67) % 256
+            colour = (255, hue, 255 - hue)
+            draw.rectangle([float(v) for v in box], outline=colour, width=2)
+            draw.text((float(box[0]) + 3, float(box[1]) + 2), f"{int(cls)}:{score:.2f}", fill=colour)
+        draw.rectangle([0, 0, panel.width, 16], fill=(0, 0, 0))
+        draw.text((4, 2), f"{label}: {len(kept)} above {threshold:g}", fill=(255, 255, 255))
+        panels.append(panel)
+    out = Image.new("RGB", (panels[0].width * 2 + 8, panels[0].height), (255, 255, 255))
+    out.paste(panels[0], (0, 0))
+    out.paste(panels[1], (panels[0].width + 8, 0))
+    return out
+
+
+def detections_on_photos(session, reference_module, cfg, resolution: int, picture=None) -> tuple[dict, list[dict]]:
+    """Run artifact and reference on every gate photo; decode both the same way; match as sets. `picture`:
+    (path, title) — the first photo's detections side by side are saved there."""
     d = cfg.detection
     reports, per_photo = [], []
     for name, rgb, x in example_photo_inputs(cfg, resolution):
@@ -163,6 +190,8 @@ def detections_on_photos(session, reference_module, cfg, resolution: int) -> tup
         report = match_detections(candidate, expected, float(d.score_threshold), float(d.iou_min), float(d.score_tol))
         reports.append(report)
         per_photo.append({"photo": name, **{k: v for k, v in report.items() if k != "pairs"}})
+        if picture is not None and len(reports) == 1:
+            side_by_side(rgb, expected, candidate, float(d.score_threshold), picture[1]).save(picture[0])
     return merge_reports(reports), per_photo
 
 
@@ -177,7 +206,9 @@ def verify(ctx) -> tuple[list, dict]:
                                for k, v in outputs.items()]}
         if detection_thresholds:
             resolution = detector_config(ctx.checkpoint, ctx.cfg).resolution
-            merged, per_photo = detections_on_photos(session, reference(ctx.checkpoint, ctx.cfg), ctx.cfg, resolution)
+            title = f"{ctx.target} bundle"
+            merged, per_photo = detections_on_photos(session, reference(ctx.checkpoint, ctx.cfg), ctx.cfg, resolution,
+                                                     picture=(ctx.bundle_dir / PICTURE, title))
             for metric, threshold in detection_thresholds.items():
                 value = float(gates.METRICS[metric].fn(merged))
                 results.append(gates.GateResult("detections", metric, value, float(threshold),
@@ -185,6 +216,38 @@ def verify(ctx) -> tuple[list, dict]:
             details["detections"] = {"settings": OmegaConf.to_container(ctx.cfg.detection), "merged": merged,
                                      "photos": per_photo}
     return results, details
+
+
+# ---------------------------------------------------------------- bench
+
+
+def measure_detector(ctx) -> dict:
+    """The shared latency measure, plus the bundle's side-by-side picture copied beside the model README
+    (`detections-<target>.png`, from the bench's own gated run)."""
+    import shutil
+
+    from zoo.bench import measure_latency
+
+    row = measure_latency(ctx)
+    picture = ctx.bundle / PICTURE
+    if picture.is_file():
+        shutil.copyfile(picture, Path(__file__).parent / f"detections-{ctx.target}.png")
+    return row
+
+
+def picture_lines(rows: list[dict], header: dict) -> list[str]:
+    targets = sorted({r.get("target") for r in rows if r.get("target")})
+    return ["", "Side by side on the first gate photo (reference left, bundle right; from this bench run):", ""] + \
+        [f"![{t}](detections-{t}.png)" for t in targets]
+
+
+MEASURE = Measure(
+    run=measure_detector,
+    columns=[("latency_ms", "latency ms"), ("eager_ms", "eager ms"), ("latency_vs_eager", "vs eager")],
+    describe="latency = median of the configured repeats after one warm-up, one call of the saved artifact on this "
+             "machine's runtime; eager = the reference module in fp32 on the same image, timed right before it",
+    details=picture_lines,
+)
 
 
 @dataclass
@@ -218,6 +281,7 @@ SPEC = ModelSpec(
             entries=entries,
             session=detector_session,
             verify=verify,
+            measure=MEASURE,
         )
     ],
     tiny_dir=TINY_DIR,
