@@ -169,6 +169,7 @@ def test_convert_tiny_on_both_targets_with_detection_gate_and_gpu_residency(run_
         assert by_metric[("boxes", "cosine")]["value"] >= PARITY
         assert by_metric[("detections", "detection_recall")]["value"] == 1.0
         assert report["detections"]["merged"]["required"] > 0   # the gate compared real detections
+        assert (tmp_path / "rf-detr" / bundle / "detections.png").is_file()
     # LiteRT forms: no GATHER/GATHER_ND anywhere (tent sampler, one-hot selection), rank ≤ 4 throughout.
     from zoo.rewrites import inspect as tfl
 
