@@ -82,3 +82,16 @@ def test_decode_is_upstreams_postprocess():
 def test_box_iou():
     assert box_iou([[0, 0, 2, 2]], [[1, 1, 3, 3], [0, 0, 2, 2], [5, 5, 6, 6]])[0].tolist() == \
         pytest.approx([1 / 7, 1.0, 0.0])
+
+
+def test_a_full_cap_is_a_boundary_like_the_threshold():
+    """Decoded with num_select=3 and all three above the threshold: the reference's 3rd (score 0.80, at its
+    floor) may be replaced by a near-tied 4th in the candidate without a miss or an extra — but a confident
+    detection well above the floor still must match."""
+    reference = detections([[0, 0, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]], [0.95, 0.90, 0.80], [1, 1, 1])
+    swapped = detections([[0, 0, 10, 10], [20, 20, 30, 30], [60, 60, 70, 70]], [0.95, 0.90, 0.805], [1, 1, 1])
+    report = match_detections(swapped, reference, **SETTINGS, num_select=3)
+    assert report["misses"] == 0 and report["extras"] == 0 and report["required"] == 2
+    broken = detections([[0, 0, 10, 10], [25, 25, 35, 35], [60, 60, 70, 70]], [0.95, 0.90, 0.805], [1, 1, 1])
+    assert match_detections(broken, reference, **SETTINGS, num_select=3)["misses"] == 1
+    assert match_detections(swapped, reference, **SETTINGS)["misses"] == 1   # without the cap rule: a miss

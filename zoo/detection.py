@@ -69,8 +69,16 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
+def capped_floor(detections: Detections, num_select: int | None) -> float:
+    """The lowest kept score when decoding stopped at `num_select` (else -inf): past the cap, a detection was
+    dropped for its rank, not its score, so near the cap rank — like near the threshold — rounding decides."""
+    if num_select is None or len(detections) < num_select:
+        return float("-inf")
+    return float(detections.scores.min())
+
+
 def match_detections(candidate: Detections, reference: Detections, score_threshold: float, iou_min: float,
-                     score_tol: float) -> dict:
+                     score_tol: float, num_select: int | None = None) -> dict:
     """Set-based comparison. Every reference detection scoring above `score_threshold` needs a partner in the
     candidate: same class, IoU ≥ `iou_min`, |score difference| ≤ `score_tol` (greedy, highest reference score
     first, each candidate used once). Candidates may score down to `score_threshold - score_tol` and still
@@ -78,13 +86,21 @@ def match_detections(candidate: Detections, reference: Detections, score_thresho
     `score_threshold` with no partner among the reference detections above `score_threshold - score_tol` is an
     extra. A non-finite candidate score or box makes the whole report NaN.
 
-    Returns {required, matched, misses, extras, worst_iou, worst_score_err, pairs}.
+    `num_select`: the cap the detections were decoded with. Where a set filled it, its lowest kept score is a
+    second boundary: reference detections within `score_tol` of the reference's floor are not required, and
+    candidates within `score_tol` of the candidate's floor are not extras (with random weights the top 300 of
+    Q×C scores are all tail values packed within 1e-4 of each other; trained detectors rarely fill the cap
+    above the threshold).
+
+    Returns {required, matched, misses, extras, worst_iou, worst_score_err, effective_threshold, pairs}.
     """
     if not (np.all(np.isfinite(candidate.scores)) and np.all(np.isfinite(candidate.boxes))):
         nan = float("nan")
         return {"required": len(reference.above(score_threshold)), "matched": nan, "misses": nan, "extras": nan,
                 "worst_iou": nan, "worst_score_err": nan, "pairs": []}
-    required = reference.above(score_threshold)
+    required_above = max(score_threshold, capped_floor(reference, num_select) + score_tol)
+    extra_above = max(score_threshold, capped_floor(candidate, num_select) + score_tol)
+    required = reference.above(required_above)
     pool = candidate.above(score_threshold - score_tol)
     used = np.zeros(len(pool), dtype=bool)
     ious = box_iou(required.boxes, pool.boxes)
@@ -100,7 +116,7 @@ def match_detections(candidate: Detections, reference: Detections, score_thresho
         pairs.append((int(i), j, float(ious[i, j]), float(abs(pool.scores[j] - required.scores[i]))))
     partners = reference.above(score_threshold - score_tol)
     extras = 0
-    for j in np.flatnonzero((pool.scores > score_threshold) & ~used):
+    for j in np.flatnonzero((pool.scores > extra_above) & ~used):
         same = (partners.labels == pool.labels[j]) & (np.abs(partners.scores - pool.scores[j]) <= score_tol)
         if not (same & (box_iou(pool.boxes[j], partners.boxes)[0] >= iou_min)).any():
             extras += 1
@@ -108,7 +124,7 @@ def match_detections(candidate: Detections, reference: Detections, score_thresho
         "required": len(required), "matched": len(pairs), "misses": misses, "extras": extras,
         "worst_iou": min((p[2] for p in pairs), default=float("nan")),
         "worst_score_err": max((p[3] for p in pairs), default=float("nan")),
-        "pairs": pairs,
+        "effective_threshold": required_above, "pairs": pairs,
     }
 
 

@@ -187,7 +187,8 @@ def detections_on_photos(session, reference_module, cfg, resolution: int, pictur
         hw = rgb.shape[:2]
         candidate = decode_detections(got["boxes"], got["logits"], hw, int(d.num_select))
         expected = decode_detections(ref_boxes.numpy(), ref_logits.numpy(), hw, int(d.num_select))
-        report = match_detections(candidate, expected, float(d.score_threshold), float(d.iou_min), float(d.score_tol))
+        report = match_detections(candidate, expected, float(d.score_threshold), float(d.iou_min), float(d.score_tol),
+                                  int(d.num_select))
         reports.append(report)
         per_photo.append({"photo": name, **{k: v for k, v in report.items() if k != "pairs"}})
         if picture is not None and len(reports) == 1:
