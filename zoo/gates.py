@@ -156,6 +156,29 @@ def gpu_checked(check: dict, _reference=None) -> float:
     return 1.0 if check.get("status") in ("accepted", "rejected") else 0.0
 
 
+# ---------------------------------------------------------------- detections (zoo/detection.py match report)
+
+
+def detection_recall(report: dict, _reference=None) -> float:
+    """Fraction of the reference's detections above the score threshold that found a same-class partner
+    (IoU and score within tolerance). NaN when the reference has none: a gate that checks nothing must not
+    pass — pick images, seed or threshold so the reference detects something."""
+    required, matched = report.get("required", 0), report.get("matched", float("nan"))
+    return float(matched) / required if required else float("nan")
+
+
+def detection_worst_iou(report: dict, _reference=None) -> float:
+    return float(report.get("worst_iou", float("nan")))
+
+
+def detection_extras(report: dict, _reference=None) -> float:
+    return float(report.get("extras", float("nan")))
+
+
+def detection_worst_score_err(report: dict, _reference=None) -> float:
+    return float(report.get("worst_score_err", float("nan")))
+
+
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
@@ -169,6 +192,15 @@ METRICS: dict[str, Metric] = {
                "before the first divergence", "token streams"),
         Metric("min_logits_cosine", min_logits_cosine, True, "lowest per-step logits cosine vs the reference "
                "while both streams share the same context", "token streams"),
+        Metric("detection_recall", detection_recall, True, "fraction of reference detections above the score "
+               "threshold matched by a same-class detection (IoU and score within tolerance); NaN if there are "
+               "none", "detection sets"),
+        Metric("detection_worst_iou", detection_worst_iou, True, "lowest IoU among matched detection pairs",
+               "detection sets"),
+        Metric("detection_extras", detection_extras, False, "candidate detections above the threshold with no "
+               "reference partner", "detection sets"),
+        Metric("detection_worst_score_err", detection_worst_score_err, False, "largest |score difference| among "
+               "matched detection pairs", "detection sets"),
         Metric("gpu_resident", gpu_resident, True, "1 if the GPU delegate took every op GPU-only, 0 if not "
                "(NaN: not run)", "a GPU check"),
         Metric("gpu_checked", gpu_checked, True, "1 if the LiteRT GPU check ran to a verdict, 0 if it could not "

@@ -1,14 +1,23 @@
-"""Where weights come from: `tiny`, `hub`, `local:PATH` or `random` — never a silent substitute.
+"""Where weights come from: `tiny`, `hub`, `local:PATH`, `url` or `random` — never a silent substitute.
 
 Every source ends in the same place: a folder in the Hugging Face on-disk format (config.json plus
-*.safetensors, or a legacy pytorch_model.bin read with weights_only=True), loaded by one function.
-The manifest records exactly which source, revision and files a bundle was made from.
+*.safetensors, or a legacy pytorch_model.bin read with weights_only=True), loaded by one function — or a
+single weight file (`local:/path/model.pth`, or `url`: a download pinned by sha256/md5 in the model's
+variant config), whose architecture then comes from the model's config (Checkpoint.config is empty).
+Pickled checkpoints are only ever read with weights_only=True (plus argparse/SimpleNamespace, the plain
+attribute containers training scripts store next to the weights); anything else is refused, never loaded
+unsafely. The manifest records exactly which source, revision and files a bundle was made from.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
+import os
 import pickle
+import types
+import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +30,12 @@ from zoo import hub
 from zoo.bundle import sha256_file
 from zoo.errors import GateFailure, ZooError
 
-SOURCES = ("tiny", "hub", "local:PATH", "random")
+SOURCES = ("tiny", "hub", "local:PATH", "url", "random")
+# Globals a weights_only load may meet in a training checkpoint: attribute containers, no code.
+SAFE_CHECKPOINT_GLOBALS = (argparse.Namespace, types.SimpleNamespace)
+# Where a training checkpoint keeps its state dict, when it is not the whole file.
+STATE_DICT_KEYS = ("model", "state_dict", "model_state_dict")
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 
 
 @dataclass
@@ -34,7 +48,7 @@ class Checkpoint:
     @property
     def is_real(self) -> bool:
         """Real trained weights (hub/local/embedded), as opposed to tiny or random ones."""
-        return self.source in ("hub", "local", "embedded")
+        return self.source in ("hub", "local", "embedded", "url")
 
 
 def parse_source(spec: str) -> tuple[str, str | None]:
@@ -44,7 +58,7 @@ def parse_source(spec: str) -> tuple[str, str | None]:
         if not path:
             raise ZooError("WEIGHTS=local: needs a path.", "use WEIGHTS=local:/path/to/checkpoint-folder.")
         return "local", path
-    if spec in ("tiny", "hub", "random", "embedded"):
+    if spec in ("tiny", "hub", "random", "embedded", "url"):
         return spec, None
     raise ZooError(
         f"Unknown weights source '{spec}'.",
@@ -60,8 +74,45 @@ def _weight_files(folder: Path) -> list[Path]:
 def _load_file(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         return load_file(str(path))
-    # Legacy pickles only as plain tensors: weights_only refuses arbitrary code.
-    return torch.load(path, map_location="cpu", weights_only=True)
+    # Pickles only as plain tensors: weights_only refuses arbitrary code.
+    try:
+        with torch.serialization.safe_globals(list(SAFE_CHECKPOINT_GLOBALS)):
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ZooError(
+            f"{path} needs pickle beyond weights_only to load ({str(exc).splitlines()[0][:300]}); zoo refuses it "
+            "and never falls back to unsafe loading.",
+            "re-save the weights alone: torch.save(model.state_dict(), PATH) or safetensors.torch.save_file.",
+        ) from exc
+    return unwrap_state_dict(loaded, path)
+
+
+def unwrap_state_dict(loaded, path: Path) -> dict[str, torch.Tensor]:
+    """A state dict, or a training checkpoint holding one under `model` / `state_dict` / `model_state_dict`."""
+    def is_state_dict(obj) -> bool:
+        return isinstance(obj, dict) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+    if is_state_dict(loaded):
+        return loaded
+    for key in STATE_DICT_KEYS:
+        if isinstance(loaded, dict) and is_state_dict(loaded.get(key)):
+            return loaded[key]
+    found = sorted(loaded)[:8] if isinstance(loaded, dict) else type(loaded).__name__
+    raise ZooError(f"{path} holds no state dict (found {found}).",
+                   f"point at a file saved from model.state_dict(), or a checkpoint with one of {STATE_DICT_KEYS}.")
+
+
+def load_weight_file(path: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
+    """One weight file (.safetensors / .pth / .pt / .bin): (empty config, state dict, {name: sha256})."""
+    path = Path(path)
+    if path.suffix not in WEIGHT_SUFFIXES:
+        raise ZooError(f"{path} is not a weight file ({', '.join(WEIGHT_SUFFIXES)}).",
+                       "point WEIGHTS=local: at a checkpoint folder or a single weight file.")
+    try:
+        state_dict = _load_file(path)
+    except (SafetensorError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CorruptCheckpoint(path, exc) from exc
+    return {}, state_dict, {path.name: sha256_file(path)}
 
 
 def load_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
@@ -180,6 +231,11 @@ def resolve(model_cfg, spec: str, tiny_dir: Path, random_checkpoint, embedded=No
     if source == "tiny":
         config, state_dict, hashes = load_folder(tiny_dir)
         return Checkpoint("tiny", config, state_dict, {"source": "tiny", "path": str(tiny_dir), "files": hashes})
+    if source == "local" and Path(path).expanduser().is_file():
+        config, state_dict, hashes = load_weight_file(Path(path).expanduser())
+        return Checkpoint("local", config, state_dict, {"source": "local", "path": str(Path(path).resolve()), "files": hashes})
+    if source == "url":
+        return _from_url(model_cfg)
     if source == "local":
         config, state_dict, hashes = load_folder(Path(path).expanduser())
         return Checkpoint("local", config, state_dict, {"source": "local", "path": str(Path(path).resolve()), "files": hashes})
@@ -212,3 +268,74 @@ def _from_hub(model_cfg) -> Checkpoint:
         config, state_dict, hashes = load_folder(folder)
     return Checkpoint("hub", config, state_dict,
                       {"source": "hub", "repo_id": repo_id, "revision": revision, "path": str(folder), "files": hashes})
+
+
+# ---------------------------------------------------------------- weights=url (pinned downloads)
+
+
+def weights_cache_dir() -> Path:
+    return Path(os.environ.get("ZOO_WEIGHTS_CACHE", "~/.cache/zoo/weights")).expanduser()
+
+
+def file_digests(path: Path) -> dict[str, str]:
+    sha256, md5 = hashlib.sha256(), hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha256.update(block)
+            md5.update(block)
+    return {"sha256": sha256.hexdigest(), "md5": md5.hexdigest()}
+
+
+def pin_mismatch(digests: dict[str, str], pins: dict[str, str]) -> str | None:
+    """The first pinned digest that differs, described; None if every pin holds."""
+    for algorithm, expected in pins.items():
+        if digests[algorithm] != str(expected).lower():
+            return f"{algorithm} {digests[algorithm]} (pinned {expected})"
+    return None
+
+
+def download_pinned(url: str, pins: dict[str, str], name: str | None = None) -> Path:
+    """Download `url` once into the weights cache, verified against its pins (sha256 and/or md5); a cached file
+    is re-verified on every use. A mismatch is deleted and refused: never used, never silently re-fetched."""
+    pins = {k: v for k, v in (pins or {}).items() if k in ("sha256", "md5") and v}
+    if not pins:
+        raise ZooError(f"The weights URL {url} has no sha256 (or md5) pin.",
+                       "add the checksum to the variant's url block in the model's config.yaml.")
+    folder = weights_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / (name or Path(urllib.request.urlparse(url).path).name or "weights.bin")
+    if target.is_file():
+        mismatch = pin_mismatch(file_digests(target), pins)
+        if mismatch is None:
+            return target
+        target.unlink()  # a corrupted or stale cache entry; fetched again below
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+            while block := response.read(1 << 20):
+                out.write(block)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise ZooError(f"Could not download {url} ({exc}).",
+                       "check the network, or download it yourself and use WEIGHTS=local:/path/to/file.") from exc
+    mismatch = pin_mismatch(file_digests(partial), pins)
+    if mismatch:
+        partial.unlink()
+        raise ZooError(f"The download of {url} does not match its pin: {mismatch}. It was deleted, not used.",
+                       "the file changed upstream or the transfer was corrupted: check the URL and the pin.")
+    partial.rename(target)
+    return target
+
+
+def _from_url(model_cfg) -> Checkpoint:
+    variant = model_cfg.variants[model_cfg.variant]
+    source = variant.get("url") if hasattr(variant, "get") else None
+    if not source or not source.get("url"):
+        raise ZooError(f"Model '{model_cfg.name}' variant '{model_cfg.variant}' has no weights URL.",
+                       "add variants.<variant>.url: {url, sha256} to its config.yaml, or use WEIGHTS=local:PATH.")
+    pins = {k: source.get(k) for k in ("sha256", "md5")}
+    path = download_pinned(str(source.url), pins, source.get("filename"))
+    config, state_dict, hashes = load_weight_file(path)
+    return Checkpoint("url", config, state_dict, {"source": "url", "url": str(source.url), "variant": model_cfg.variant,
+                                                   "pins": {k: v for k, v in pins.items() if v}, "path": str(path),
+                                                   "files": hashes})

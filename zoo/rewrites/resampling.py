@@ -291,10 +291,16 @@ def _clamp_border(ix: torch.Tensor, size: int) -> torch.Tensor:
     return -torch.clamp_min(-torch.clamp_min(ix, 0.0), -(size - 1.0))
 
 
-def _tent_weights(coord: torch.Tensor, size: int) -> torch.Tensor:
-    """[N, P, 1] pixel coordinates -> [N, P, size] bilinear weights relu(1 - |coord - j|)."""
-    ones = const_like(np.ones((size, 1)), coord)
-    spread = F.linear(coord, ones)  # [N, P, size]: a copy per pixel, via FC (not BROADCAST_TO)
+def tent_weights(coord: torch.Tensor, size: int) -> torch.Tensor:
+    """[N, P, 1] pixel coordinates -> [N, P, size] bilinear weights relu(1 - |coord - j|).
+
+    Exactly the bilinear interpolation weights of the two neighbouring pixels, and 0 for every pixel
+    outside the map (zero padding). Public: RF-DETR's deformable sampler builds its kernels from it."""
+    # A copy per pixel as a broadcasting MUL with a ones row (no BROADCAST_TO is emitted). The previous form,
+    # an FC against a [size, 1] ones matrix, is accepted by LiteRT's GPU delegate but computed wrongly at rank 3
+    # ([1, 30, 1] → [1, 30, size]: only row 0 right, even in fp32; measured on RF-DETR's one-hot query selection,
+    # cosine 1/30 vs the CPU interpreter). The MUL form is exact on the GPU.
+    spread = coord * const_like(np.ones(size), coord)
     return torch.relu(1.0 - torch.abs(spread - const_like(np.arange(size), coord)))
 
 
@@ -323,7 +329,7 @@ def grid_sample_bilinear(
     iy = _unnormalize(g[..., 1:2], h, align_corners)
     if padding_mode == "border":
         ix, iy = _clamp_border(ix, w), _clamp_border(iy, h)
-    wx, wy = _tent_weights(ix, w), _tent_weights(iy, h)  # [N, P, W], [N, P, H]
+    wx, wy = tent_weights(ix, w), tent_weights(iy, h)  # [N, P, W], [N, P, H]
     rows = x.reshape(n, c * h, w) @ wx.transpose(1, 2)  # [N, C*H, P]: every row sampled at every ix
     rows = rows.reshape(n, c, h, p).permute(0, 3, 1, 2)  # [N, P, C, H]
     out = rows @ wy.unsqueeze(-1)  # [N, P, C, 1]: weighted over H, batch dims (N, P) on both sides

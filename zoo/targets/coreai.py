@@ -297,6 +297,13 @@ class CoreAIRunner:
         return {n: (tuple(desc.state_descriptor(n).shape), np.dtype(desc.state_descriptor(n).dtype))
                 for n in desc.state_names}
 
+    def input_specs(self, function: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Shape and dtype of each graph input, read from the bundle (checked by zoo.sessions.check_inputs).
+        A dynamic dimension reads as -1 or None and matches any size."""
+        desc = self._functions[function].desc
+        return {n: (tuple(desc.input_descriptor(n).shape), np.dtype(desc.input_descriptor(n).dtype))
+                for n in desc.input_names}
+
     def new_state(self, array: np.ndarray):
         """A state buffer (e.g. a KV cache) the runtime updates in place across calls."""
         return self._rt.NDArray(np.ascontiguousarray(array))

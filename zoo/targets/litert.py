@@ -183,6 +183,11 @@ class LiteRTRunner:
     def input_details(self, function: str) -> dict:
         return self._runners[function].get_input_details()
 
+    def input_specs(self, function: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Shape and dtype of each graph input, read from the bundle (checked by zoo.sessions.check_inputs)."""
+        return {n: (tuple(int(v) for v in d["shape"]), np.dtype(d["dtype"]))
+                for n, d in self.input_details(function).items()}
+
     def run(self, function: str, inputs: dict[str, np.ndarray], states: dict | None = None) -> dict[str, np.ndarray]:
         outputs = self._runners[function](**{k: np.ascontiguousarray(v) for k, v in inputs.items()})
         return {k: np.array(v) for k, v in outputs.items()}
