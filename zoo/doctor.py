@@ -1,0 +1,600 @@
+"""zoo doctor: find the known traps in a model's *exported* graph, name the rewrite that fixes each one.
+
+    from zoo import doctor
+    findings = doctor.diagnose(module, example_inputs, targets=("litert-gpu", "coreai"))
+    fixed = doctor.fix(module, example_inputs, targets)        # graph-level fixes, source untouched
+
+The doctor lints what the converter sees, not source text: the module goes through `torch.export` and the
+target's own decomposition table (coreai-torch's, litert-torch's pre-convert table), except for the ops a
+rule watches — those are kept whole, because once decomposed they are an unrecognisable cloud of
+gathers (bicubic upsampling becomes ~100 nodes). Every finding carries the user's source line, read from
+the node's `stack_trace` metadata, and the fix: a rewrite id from `zoo.rewrites` or a sentence.
+
+Rules are data (`RULES`): id, severity, targets, cause, fix and a detector over FX nodes. Severity:
+  fatal  the target rejects it (the converter raises, or the GPU delegate refuses the op);
+  silent it converts but computes wrong on some target;
+  perf   correct but slow;  info  worth knowing.
+Precision: the half-precision rules (norm overflow, long-K matmul) look at the dtype each node computes
+in, so `precision="fp16"` exports the module cast the way the pipeline casts it (zoo.precision), and a
+model that upcasts its norms to fp32 by itself (T5, the LLM) stays quiet.
+
+CLI: `python -m zoo.doctor MODEL|pkg.mod:factory|PATH.tflite [--target T] [--precision P] [--ignore ID]`,
+`--rules-markdown` prints the rule table for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import importlib
+import re
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import fx, nn
+
+from zoo.cli import returns_exit_code
+from zoo.errors import ZooError
+
+aten = torch.ops.aten
+
+LITERT, LITERT_GPU, COREAI = "litert", "litert-gpu", "coreai"
+ALL_TARGETS = (LITERT, LITERT_GPU, COREAI)
+DEFAULT_TARGETS = (LITERT_GPU, COREAI)
+SEVERITIES = ("fatal", "silent", "perf", "info")
+HALF = (torch.float16, torch.bfloat16)
+
+# A dot product longer than this accumulates visibly in fp16: the GPU's fp16 path gives ~1e-2 relative
+# error on a 4096-wide projection (issue 13); 2048 keeps a margin.
+LONG_K = 2048
+# Ops emitted between a reshape's operands that change nothing about the data (export inserts them).
+_PASS_THROUGH = (aten.clone.default, aten.contiguous.default, aten.alias.default)
+
+
+# ---------------------------------------------------------------- rules and findings
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    targets: tuple[str, ...]
+    cause: str  # one line: why this breaks
+    fix: str  # a rewrite id from zoo.rewrites, or a sentence
+    # detect(node, ctx) -> a detail string when the node is the trap, else None.
+    detect: Callable[[fx.Node, "Context"], str | None]
+    # ATen ops the target would decompose but the detector needs to see whole.
+    keep: tuple = ()
+
+    def __post_init__(self):
+        assert self.severity in SEVERITIES, self.severity
+        assert set(self.targets) <= set(ALL_TARGETS), self.targets
+
+    @property
+    def fix_is_rewrite(self) -> bool:
+        from zoo import rewrites
+
+        return self.fix in rewrites.REWRITES
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: str
+    targets: tuple[str, ...]
+    cause: str
+    fix: str
+    source: str  # "file:line: code" of the user's line, or "" when the graph carries none
+    node: str = ""
+    detail: str = ""
+
+    def format(self) -> str:
+        where = self.source or f"(graph node {self.node})"
+        detail = f" [{self.detail}]" if self.detail else ""
+        return (f"{self.severity:<6} {self.rule} ({', '.join(self.targets)}) at {where}\n"
+                f"       {self.cause}{detail}\n       fix: {self.fix}")
+
+
+@dataclasses.dataclass
+class Context:
+    target: str
+    claimed: set  # nodes already explained by a pattern finding: reported once, not per op
+
+
+# ---------------------------------------------------------------- node helpers
+
+
+def _val(node) -> torch.Tensor | None:
+    v = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _rank(node) -> int:
+    v = _val(node)
+    return v.dim() if v is not None else -1
+
+
+def _dtype(node):
+    v = _val(node)
+    return v.dtype if v is not None else None
+
+
+def _is(node, *ops) -> bool:
+    """True if `node` calls one of `ops` (OpOverloads or OpOverloadPackets)."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    target = node.target
+    packet = getattr(target, "overloadpacket", None)
+    return any(target is op or packet is op for op in ops)
+
+
+def _skip_pass_through(node):
+    while _is(node, *_PASS_THROUGH):
+        node = node.args[0]
+    return node
+
+
+def _users_through_pass_through(node) -> list:
+    out = []
+    for user in node.users:
+        out += _users_through_pass_through(user) if _is(user, *_PASS_THROUGH) else [user]
+    return out
+
+
+def _arg(node, index: int, name: str, default=None):
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+# ---------------------------------------------------------------- detectors
+
+
+def _op(*ops, detail: Callable | None = None):
+    """A detector for a plain ATen op."""
+
+    def detect(node, ctx):
+        if _is(node, *ops):
+            return detail(node) if detail else str(node.target)
+        return None
+
+    return detect
+
+
+def _grid_sample_detail(node) -> str:
+    x, grid = node.args[0], node.args[1]
+    modes = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+    pads = {0: "zeros", 1: "border", 2: "reflection"}
+    mode, pad = modes.get(node.args[2], "?"), pads.get(node.args[3], "?")
+    return f"grid_sampler_2d mode={mode} padding={pad} x{tuple(_val(x).shape)} grid{tuple(_val(grid).shape)}"
+
+
+def _detect_repeat_kv(node, ctx):
+    """unsqueeze(d) -> expand (size 1 -> r at d) -> reshape merging d into d-1: transformers' repeat_kv."""
+    if not _is(node, aten.expand):
+        return None
+    src = _skip_pass_through(node.args[0])
+    if not _is(src, aten.unsqueeze):
+        return None
+    dim = src.args[1] % _rank(src)
+    out_shape = _val(node).shape
+    if dim == 0 or out_shape[dim] == 1:
+        return None
+    for user in _users_through_pass_through(node):
+        if _is(user, aten.view, aten.reshape, aten._unsafe_view) and _rank(user) == _rank(node) - 1:
+            merged = list(out_shape[: dim - 1]) + [out_shape[dim - 1] * out_shape[dim]] + list(out_shape[dim + 1:])
+            if list(_val(user).shape) == merged:
+                ctx.claimed.update({src, node, user, *node.users})
+                return f"x[:, :, None].expand(...).reshape(...) repeats dim {dim - 1} x{out_shape[dim]} through rank {_rank(node)}"
+    return None
+
+
+_SHAPE_OPS = (aten.view, aten.reshape, aten._unsafe_view, aten.permute, aten.transpose, aten.expand,
+              aten.unsqueeze, aten.squeeze, aten.clone)
+
+
+def _detect_high_rank(node, ctx):
+    if node in ctx.claimed or not _is(node, *_SHAPE_OPS) or _rank(node) <= 4:
+        return None
+    return f"{node.target.__name__ if hasattr(node.target, '__name__') else node.target} to rank {_rank(node)} {tuple(_val(node).shape)}"
+
+
+def _is_const(value, number) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == number
+
+
+def _detect_clamp01(node, ctx):
+    if _is(node, aten.hardtanh) and _is_const(_arg(node, 1, "min_val", -1.0), 0) and _is_const(_arg(node, 2, "max_val", 1.0), 1):
+        return "hardtanh(0, 1)"
+    if _is(node, aten.clamp) and _is_const(_arg(node, 1, "min"), 0) and _is_const(_arg(node, 2, "max"), 1):
+        return "clamp(0, 1)"
+    # clamp_max(relu(x) | clamp_min(x, 0), 1): the same op once the converter fuses it
+    if _is(node, aten.clamp_max) and _is_const(node.args[1], 1):
+        src = node.args[0]
+        if _is(src, aten.relu) or (_is(src, aten.clamp_min) and _is_const(src.args[1], 0)):
+            return "clamp_max(relu(x), 1)"
+    return None
+
+
+def _squared(node):
+    """x if node is x*x or x**2, else None."""
+    if _is(node, aten.pow) and _is_const(node.args[1], 2):
+        return node.args[0]
+    if _is(node, aten.mul) and len(node.args) == 2 and node.args[0] is node.args[1]:
+        return node.args[0]
+    return None
+
+
+def _detect_half_norm(node, ctx):
+    """rsqrt/sqrt of mean(x²) computed in half precision: x² overflows past |x| ~ 256 (fp16 max 65504)."""
+    if not _is(node, aten.rsqrt, aten.sqrt):
+        return None
+    src = node.args[0]
+    if _is(src, aten.add):  # + eps
+        src = next((a for a in src.args if isinstance(a, fx.Node)), None)
+    if not _is(src, aten.mean, aten.sum, aten.var):
+        return None
+    if _is(src, aten.var):
+        x = src.args[0]
+    else:
+        x = _squared(src.args[0])
+    if x is None or _dtype(x) not in HALF:
+        return None
+    return f"mean of x² in {str(_dtype(x)).replace('torch.', '')} over {tuple(_val(x).shape)}"
+
+
+def _detect_layer_norm_half(node, ctx):
+    if _is(node, aten.layer_norm, aten.native_layer_norm, aten.group_norm, aten.native_group_norm,
+           aten.instance_norm) and _dtype(node.args[0]) in HALF:
+        return f"{node.target} in {str(_dtype(node.args[0])).replace('torch.', '')}"
+    return None
+
+
+_MATMULS = (aten.mm, aten.bmm, aten.matmul, aten.addmm, aten.linear, aten.baddbmm)
+
+
+def _detect_long_k(node, ctx):
+    if not _is(node, *_MATMULS):
+        return None
+    a = node.args[1] if _is(node, aten.addmm, aten.baddbmm) else node.args[0]
+    if _dtype(a) not in HALF or _rank(a) < 1:
+        return None
+    k = _val(a).shape[-1]
+    return f"K={k} accumulated in {str(_dtype(a)).replace('torch.', '')}" if k >= LONG_K else None
+
+
+_COMPARISONS = (aten.lt, aten.le, aten.gt, aten.ge, aten.eq, aten.ne)
+_LOGICAL = (aten.logical_and, aten.logical_or, aten.bitwise_and, aten.bitwise_or, aten.mul, aten.__and__, aten.__or__)
+
+
+def _detect_int64_chain(node, ctx):
+    """A bool combination of comparisons made on int64 tensors (the seed's buffer-clobbering chain)."""
+    if not _is(node, *_LOGICAL) or _dtype(node) is not torch.bool:
+        return None
+    ints = [a for a in node.args if _is(a, *_COMPARISONS) and _dtype(a.args[0]) is torch.int64]
+    return f"{len(ints)} int64 comparison(s) combined with {node.target}" if ints else None
+
+
+def _detect_complex(node, ctx):
+    if _is(node, aten.view_as_complex, aten.view_as_real, aten.polar, aten.complex, aten._fft_r2c, aten._fft_c2r,
+           aten._fft_c2c):
+        return str(node.target)
+    return None
+
+
+def _detect_softmax_len1(node, ctx):
+    if _is(node, aten._softmax, aten.softmax):
+        shape = _val(node.args[0]).shape
+        if shape and shape[node.args[1] % len(shape)] == 1:
+            return f"softmax over a dim of size 1 {tuple(shape)}"
+    return None
+
+
+def _detect_causal_mismatch(node, ctx):
+    if not _is(node, aten.scaled_dot_product_attention) or not _arg(node, 5, "is_causal", False):
+        return None
+    q, k = _val(node.args[0]).shape, _val(node.args[1]).shape
+    return f"q_len {q[-2]} != k_len {k[-2]}" if q[-2] != k[-2] else None
+
+
+def _remainder_detail(node):
+    return f"{node.target}"
+
+
+RULES: list[Rule] = [
+    Rule("grid-sample", "fatal", (LITERT_GPU, COREAI),
+         "F.grid_sample: Core AI has no grid_sampler_2d; LiteRT lowers it to GATHER_ND + rank-5 BROADCAST_TO, "
+         "which the GPU delegate rejects", "grid_sample_tent",
+         _op(aten.grid_sampler_2d, detail=_grid_sample_detail), keep=(aten.grid_sampler_2d,)),
+    Rule("bicubic-upsample", "fatal", (LITERT_GPU,),
+         "F.interpolate(mode='bicubic') decomposes into GATHER_ND + BROADCAST_TO, rejected by the GPU delegate",
+         "bicubic_matmul", _op(aten.upsample_bicubic2d), keep=(aten.upsample_bicubic2d, aten._upsample_bicubic2d_aa)),
+    Rule("repeat-kv-expand", "fatal", (LITERT_GPU,),
+         "repeat_kv idiom (unsqueeze -> expand -> reshape) lowers to a rank-5 BROADCAST_TO the GPU delegate rejects",
+         "gqa_repeat_kv_slice_concat", _detect_repeat_kv),
+    Rule("rank-above-4", "fatal", (LITERT_GPU,),
+         "a view/permute above rank 4: the LiteRT GPU delegate supports tensors of rank <= 4",
+         "einops_rank4", _detect_high_rank),
+    Rule("clamp-0-1", "fatal", (LITERT_GPU,),
+         "hardtanh(0, 1) / clamp(0, 1) lowers to RELU_0_TO_1, rejected by the GPU delegate since LiteRT 2.1.5",
+         "relu_0_to_1", _detect_clamp01, keep=(aten.hardtanh,)),
+    Rule("half-rms-norm", "silent", (LITERT_GPU, COREAI),
+         "a norm's mean(x²) computed in half precision overflows (inf) once |x| > ~256: zeros or NaN out",
+         "safe_rmsnorm", _detect_half_norm),
+    Rule("half-layer-norm", "silent", (LITERT_GPU, COREAI),
+         "layer/group/instance norm in half precision: its variance overflows once |x| > ~256",
+         "safe_layernorm", _detect_layer_norm_half,
+         keep=(aten.layer_norm, aten.native_layer_norm, aten.group_norm, aten.native_group_norm)),
+    Rule("long-k-half-matmul", "silent", (LITERT_GPU, COREAI),
+         f"a matmul whose contraction is >= {LONG_K} long accumulates in half precision: ~1e-2 relative error",
+         "keep this projection in fp32 (precision with fp32_linear_accumulation) or split K into chunks "
+         "summed in fp32", _detect_long_k),
+    Rule("int64-compare-chain", "silent", (COREAI,),
+         "bool chains of int64 comparisons clobber unrelated live buffers on the Core AI GPU",
+         "build the mask in float arithmetic, e.g. 1 - (x - x.clamp(lo, hi)).abs().clamp(max=1) on x.float()",
+         _detect_int64_chain),
+    Rule("floor-on-gpu", "silent", (COREAI,),
+         "floor/trunc/ceil lower to identity on the macOS GPU delegate",
+         "torch.div(x * 2.0, 2.0, rounding_mode='floor') (the GPU-safe form)",
+         _op(aten.floor, aten.trunc, aten.ceil), keep=(aten.floor_divide, aten.div.Tensor_mode, aten.div.Scalar_mode)),
+    Rule("remainder-scalar", "fatal", (COREAI,),
+         "aten.remainder.Scalar is not supported by coreai-torch (remainder.Tensor is)",
+         "use x - torch.div(x, m, rounding_mode='floor') * m, or a tensor divisor",
+         _op(aten.remainder.Scalar, aten.fmod, detail=_remainder_detail), keep=(aten.remainder.Scalar,)),
+    Rule("complex-ops", "fatal", (LITERT, LITERT_GPU),
+         "complex tensors: litert-torch has no lowering for complex<f32> (FFT, view_as_complex, polar)",
+         "stft_conv for torch.stft; for rotary embeddings rotate real pairs (x*cos + rotate_half(x)*sin)",
+         _detect_complex),
+    Rule("softmax-len1", "fatal", (LITERT_GPU,),
+         "softmax over a dim of size 1 lowers to a DIV with identical inputs, rejected by the GPU delegate",
+         "softmax_len1", _detect_softmax_len1),
+    Rule("causal-mask-qlen", "silent", ALL_TARGETS,
+         "SDPA is_causal=True is upper-left aligned when q_len != k_len: wrong for decode with a cache",
+         "pass an explicit lower-right boolean/additive mask instead of is_causal=True",
+         _detect_causal_mismatch, keep=(aten.scaled_dot_product_attention,)),
+]
+RULES_BY_ID = {rule.id: rule for rule in RULES}
+assert len(RULES_BY_ID) == len(RULES), "duplicate rule id"
+
+
+def check_rule_ids(ids: Iterable[str]) -> list[str]:
+    ids = list(ids)
+    unknown = [i for i in ids if i not in RULES_BY_ID]
+    if unknown:
+        raise ZooError(f"Unknown rule id(s) in --ignore: {', '.join(unknown)}.",
+                       f"use ids from `python -m zoo.doctor --rules`: {', '.join(RULES_BY_ID)}.")
+    return ids
+
+
+def check_targets(targets: Sequence[str]) -> tuple[str, ...]:
+    bad = [t for t in targets if t not in ALL_TARGETS]
+    if bad:
+        raise ZooError(f"Unknown target(s): {', '.join(bad)}.", f"use {', '.join(ALL_TARGETS)}.")
+    return tuple(targets)
+
+
+# ---------------------------------------------------------------- export, as each target sees it
+
+
+def decomposition_table(target: str, keep: Iterable) -> dict:
+    """The target's own decomposition table, minus the ops the rules need to see whole."""
+    if target == COREAI:
+        import coreai_torch
+
+        table = dict(coreai_torch.get_decomp_table())
+    else:
+        from litert_torch.fx_infra import decomp
+
+        table = dict(decomp.pre_convert_decomp())
+    for op in keep:
+        overloads = [getattr(op, name) for name in op.overloads()] if hasattr(op, "overloads") else [op]
+        for overload in overloads:
+            table.pop(overload, None)
+    return table
+
+
+def _kept_ops(rules: Sequence[Rule]) -> list:
+    return [op for rule in rules for op in rule.keep]
+
+
+def export_program(module: nn.Module, example_inputs: tuple, dynamic_shapes=None, kwargs: dict | None = None):
+    """torch.export, non-strict, the way both targets call it. Raises ExportFailure with the user's line."""
+    try:
+        with torch.no_grad():
+            return torch.export.export(module.eval(), tuple(example_inputs), kwargs=kwargs,
+                                       dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as exc:  # noqa: BLE001 — any export failure is a finding about the user's module
+        raise ExportFailure(exc) from exc
+
+
+class ExportFailure(Exception):
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+        super().__init__(str(exc))
+
+    def finding(self) -> Finding:
+        message = _first_line(self.exc)
+        return Finding("export-failed", "fatal", ALL_TARGETS,
+                       f"torch.export failed: {type(self.exc).__name__}: {message}",
+                       "make forward traceable: static control flow, no .item()/.numpy() on traced tensors, "
+                       "torch._check for data-dependent sizes", _user_frame(self.exc))
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:300] if lines else ""
+
+
+def _user_frame(exc: BaseException) -> str:
+    """The innermost traceback frame outside torch and the doctor: the user's line that failed."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for text in (str(exc),):  # torch often puts the user frame into the message (guards on data)
+        m = re.search(r'File "([^"]+)", line (\d+)', text)
+        if m and "/torch/" not in m.group(1):
+            return f"{m.group(1)}:{m.group(2)}"
+    for frame in reversed(frames):
+        if not _is_library_file(frame.filename):
+            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+    return ""
+
+
+def _is_library_file(filename: str) -> bool:
+    return any(part in filename for part in ("/torch/", "/site-packages/", "zoo/doctor.py", "<frozen"))
+
+
+def source_line(node: fx.Node) -> str:
+    """The user's line from the node's stack trace: the innermost frame that is not torch itself."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', trace)
+    for filename, line, code in reversed(frames):
+        if not _is_library_file(filename):
+            return f"{filename}:{line}: {code.strip()}"
+    return ""
+
+
+# ---------------------------------------------------------------- diagnose
+
+
+def lint_graph(graph: fx.Graph, target: str, rules: Sequence[Rule]) -> list[Finding]:
+    ctx = Context(target, set())
+    findings = []
+    for rule in rules:  # pattern rules first (list order): they claim the nodes they explain
+        if target not in rule.targets:
+            continue
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            detail = rule.detect(node, ctx)
+            if detail:
+                findings.append(Finding(rule.id, rule.severity, (target,), rule.cause, rule.fix,
+                                        source_line(node), node.name, detail))
+    return findings
+
+
+def exported_graph(module, example_inputs, target: str, rules: Sequence[Rule], dynamic_shapes=None, kwargs=None):
+    ep = export_program(module, example_inputs, dynamic_shapes, kwargs)
+    return ep.run_decompositions(decomposition_table(target, _kept_ops(rules)))
+
+
+def diagnose(module: nn.Module, example_inputs: Sequence, targets: Sequence[str] = DEFAULT_TARGETS, *,
+             precision: str = "fp32", ignore: Iterable[str] = (), dynamic_shapes=None,
+             kwargs: dict | None = None) -> list[Finding]:
+    """Lint `module` as each target's converter sees it; one Finding per trap and source line, merged
+    across targets. `precision` fp16/bf16 lints the module cast to that compute dtype (fp32 I/O)."""
+    targets = check_targets(targets)
+    ignored = set(check_rule_ids(ignore))
+    rules = [r for r in RULES if r.id not in ignored]
+    module, example_inputs = cast_for_precision(module, tuple(example_inputs), precision)
+    findings: list[Finding] = []
+    for target in targets:
+        try:
+            ep = exported_graph(module, example_inputs, target, rules, dynamic_shapes, kwargs)
+        except ExportFailure as failure:
+            return [failure.finding()]
+        findings += lint_graph(ep.graph, target, rules)
+    return merge_targets(findings)
+
+
+def cast_for_precision(module: nn.Module, example_inputs: tuple, precision: str):
+    """The module as the pipeline exports it at `precision` (zoo.precision.cast_for_export: half compute,
+    fp32 I/O)."""
+    from zoo.precision import PRECISIONS, cast_for_export
+
+    if precision not in PRECISIONS:
+        raise ZooError(f"Unknown precision '{precision}'.", f"use one of {', '.join(PRECISIONS)}.")
+    dtype = PRECISIONS[precision].dtype
+    if dtype == torch.float32:
+        return module, example_inputs
+    return cast_for_export(copy.deepcopy(module), dtype), example_inputs
+
+
+def merge_targets(findings: list[Finding]) -> list[Finding]:
+    """One finding per rule and source line: the same trap seen by two targets, or a line that emits several
+    offending nodes (a reshape then a permute to rank 5), is reported once, naming every target."""
+    merged: dict[tuple, Finding] = {}
+    for f in findings:
+        key = (f.rule, f.source or f.node)
+        if key in merged:
+            old = merged[key]
+            merged[key] = dataclasses.replace(old, targets=tuple(dict.fromkeys(old.targets + f.targets)))
+        else:
+            merged[key] = f
+    return list(merged.values())
+
+
+# ---------------------------------------------------------------- zoo models, factories, files
+
+
+def model_entries(name: str, target: str, precision: str = "fp32"):
+    """The graphs the pipeline would export for a zoo model's components on `target` (tiny weights): the
+    same prepare (precision cast) and entries hooks as zoo.pipeline."""
+    from zoo import weights
+    from zoo.precision import PRECISIONS
+    from zoo.registry import get_spec, load_model_config
+    from zoo.targets import Entry, get_target
+
+    cfg = load_model_config(name)
+    spec = get_spec(cfg)
+    checkpoint = weights.resolve(cfg, "tiny", spec.tiny_dir, spec.random_checkpoint, spec.embedded)
+    pipeline_target = get_target(COREAI if target == COREAI else LITERT)
+    for component in spec.components:
+        module = component.build(checkpoint, cfg)
+        prepared = pipeline_target.prepare(module, PRECISIONS[precision], cfg.get(pipeline_target.name))
+        inputs = component.example_inputs(checkpoint, cfg)
+        if component.entries is not None:
+            yield from component.entries(prepared, inputs, pipeline_target.name, cfg)
+        else:
+            yield Entry("main", prepared, dict(inputs), list(component.output_names))
+
+
+def diagnose_model(name: str, targets: Sequence[str] = DEFAULT_TARGETS, *, precision: str = "fp32",
+                   ignore: Iterable[str] = ()) -> list[Finding]:
+    from zoo.targets import NamedIO
+
+    findings = []
+    for target in check_targets(targets):
+        for entry in model_entries(name, target, precision):
+            if hasattr(entry.module, "reset"):  # stateful: trace with zeroed buffers, as the targets do
+                entry.module.reset()
+            if target == COREAI:
+                findings += diagnose(entry.module, tuple(entry.inputs.values()), (target,), ignore=ignore,
+                                     dynamic_shapes=entry.dynamic_shapes)
+            else:  # litert-torch exports NamedIO(module) with keyword inputs (zoo.targets.litert)
+                named = NamedIO(entry.module, list(entry.inputs), entry.output_names)
+                findings += diagnose(named, (), (target,), ignore=ignore, kwargs=dict(entry.inputs))
+    return merge_targets(findings)
+
+
+def load_factory(spec: str):
+    """`pkg.mod:factory` -> (module, example_inputs) from calling the factory."""
+    mod_name, _, attr = spec.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ZooError(f"Cannot import '{mod_name}' for the factory '{spec}' ({exc}).",
+                       "pass pkg.mod:factory with pkg.mod importable from here (check PYTHONPATH).") from None
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        raise ZooError(f"'{mod_name}' has no callable '{attr}'.",
+                       "name a function that returns (module, example_inputs), e.g. mypkg.models:build.")
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module)):
+        raise ZooError(f"The factory '{spec}' returned {type(made).__name__}, not (module, example_inputs).",
+                       "return a tuple (nn.Module, tuple of example input tensors).")
+    module, inputs = made
+    return module, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+# ---------------------------------------------------------------- README table
+
+
+def rules_markdown() -> str:
+    lines = ["| rule | severity | targets | cause | fix |", "|---|---|---|---|---|"]
+    for rule in RULES:
+        fix = f"rewrite `{rule.fix}`" if rule.fix_is_rewrite else rule.fix
+        lines.append(f"| `{rule.id}` | {rule.severity} | {', '.join(rule.targets)} | {rule.cause} | {fix} |")
+    return "\n".join(lines)
