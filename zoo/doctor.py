@@ -103,6 +103,12 @@ class Finding:
 class Context:
     target: str
     claimed: set  # nodes already explained by a pattern finding: reported once, not per op
+    # nodes computed from the caller's inputs (not from weights or constants alone): a chain over
+    # constants (a tril mask built from arange) is folded by the converter and never runs
+    input_derived: frozenset = frozenset()
+
+    def depends_on_input(self, node) -> bool:
+        return node in self.input_derived
 
 
 # ---------------------------------------------------------------- node helpers
@@ -229,6 +235,21 @@ def _squared(node):
     return None
 
 
+def _is_prescaled(x, depth: int = 4) -> bool:
+    """x = y / max|y| (optionally centred after): the overflow-free form of zoo.rewrites.norms
+    (adaptive_normalize) and the LLM's ScaledRMSNorm, where no intermediate exceeds 1."""
+    if _is(x, aten.sub):  # centred: xs - mean(xs)
+        x = x.args[0]
+    if not _is(x, aten.div, aten.mul) or not isinstance(x.args[1], fx.Node):
+        return False
+    frontier = [x.args[1]]
+    for _ in range(depth):  # the divisor is clamp(amax(abs(y)), 1) or a reciprocal of it
+        if any(_is(n, aten.amax, aten.max) for n in frontier):
+            return True
+        frontier = [a for n in frontier if isinstance(n, fx.Node) for a in n.args if isinstance(a, fx.Node)]
+    return False
+
+
 def _detect_half_norm(node, ctx):
     """rsqrt/sqrt of mean(x²) computed in half precision: x² overflows past |x| ~ 256 (fp16 max 65504)."""
     if not _is(node, aten.rsqrt, aten.sqrt):
@@ -242,7 +263,7 @@ def _detect_half_norm(node, ctx):
         x = src.args[0]
     else:
         x = _squared(src.args[0])
-    if x is None or _dtype(x) not in HALF:
+    if x is None or _dtype(x) not in HALF or _is_prescaled(x):
         return None
     return f"mean of x² in {str(_dtype(x)).replace('torch.', '')} over {tuple(_val(x).shape)}"
 
@@ -275,7 +296,8 @@ def _detect_int64_chain(node, ctx):
     """A bool combination of comparisons made on int64 tensors (the seed's buffer-clobbering chain)."""
     if not _is(node, *_LOGICAL) or _dtype(node) is not torch.bool:
         return None
-    ints = [a for a in node.args if _is(a, *_COMPARISONS) and _dtype(a.args[0]) is torch.int64]
+    ints = [a for a in node.args
+            if _is(a, *_COMPARISONS) and _dtype(a.args[0]) is torch.int64 and ctx.depends_on_input(a)]
     return f"{len(ints)} int64 comparison(s) combined with {node.target}" if ints else None
 
 
@@ -459,8 +481,17 @@ def source_line(node: fx.Node) -> str:
 # ---------------------------------------------------------------- diagnose
 
 
-def lint_graph(graph: fx.Graph, target: str, rules: Sequence[Rule]) -> list[Finding]:
-    ctx = Context(target, set())
+def input_derived(graph: fx.Graph, user_inputs: Iterable[str]) -> frozenset:
+    """One pass in topological order (fx graphs are stored that way): no recursion on deep graphs."""
+    names, derived = set(user_inputs), set()
+    for node in graph.nodes:
+        if (node.op == "placeholder" and node.name in names) or any(a in derived for a in node.all_input_nodes):
+            derived.add(node)
+    return frozenset(derived)
+
+
+def lint_graph(graph: fx.Graph, target: str, rules: Sequence[Rule], user_inputs: Iterable[str] = ()) -> list[Finding]:
+    ctx = Context(target, set(), input_derived(graph, user_inputs))
     findings = []
     for rule in rules:  # pattern rules first (list order): they claim the nodes they explain
         if target not in rule.targets:
@@ -495,7 +526,7 @@ def diagnose(module: nn.Module, example_inputs: Sequence, targets: Sequence[str]
             ep = exported_graph(module, example_inputs, target, rules, dynamic_shapes, kwargs)
         except ExportFailure as failure:
             return [failure.finding()]
-        findings += lint_graph(ep.graph, target, rules)
+        findings += lint_graph(ep.graph, target, rules, ep.graph_signature.user_inputs)
     return merge_targets(findings)
 
 

@@ -1,0 +1,157 @@
+"""zoo.doctor: every rule fires on third-party-style code (plain F.* calls, no zoo classes) and stays quiet
+on the fixed form; the zoo's own models get no finding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo import doctor
+from zoo.errors import ZooError
+from zoo.rewrites.activations import clamp01
+from zoo.rewrites.arith import softmax_safe
+from zoo.rewrites.attention import repeat_kv_slice_concat
+from zoo.rewrites.norms import adaptive_normalize
+from zoo.rewrites.reshapes import permute_rank4
+from zoo.rewrites.resampling import grid_sample_bilinear, resize_bicubic
+
+
+class Fn(nn.Module):
+    """A third-party forward: just the function."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _x(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _repeat_kv(k):
+    b, n, s, d = k.shape
+    return k[:, :, None].expand(b, n, 3, s, d).reshape(b, n * 3, s, d)
+
+
+def _rms(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def _rope_complex(x):
+    freqs = torch.polar(torch.ones(4, 4), torch.arange(16.0).reshape(4, 4))
+    xc = torch.view_as_complex(x.reshape(1, 4, 4, 2))
+    return torch.view_as_real(xc * freqs).flatten(-2)
+
+
+def _rope_real(x):
+    angle = torch.arange(16.0).reshape(4, 4).repeat_interleave(2, -1)
+    x1, x2 = x.reshape(1, 4, 4, 2).unbind(-1)
+    rotated = torch.stack((-x2, x1), -1).flatten(-2)
+    return x * torch.cos(angle) + rotated * torch.sin(angle)
+
+
+def _float_mask(idx):
+    x = idx.float()
+    return 1 - (x - x.clamp(3, 4)).abs().clamp(max=1)
+
+
+def _causal_mask(q, k, v):
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+IMG, GRID = _x(1, 3, 8, 8), torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
+QKV = (_x(1, 2, 1, 8), _x(1, 2, 4, 8, seed=1), _x(1, 2, 4, 8, seed=2))
+
+# rule id: (bad fn, fixed fn, args, target, precision)
+CASES = {
+    "grid-sample": (lambda x, g: F.grid_sample(x, g, align_corners=False),
+                    lambda x, g: grid_sample_bilinear(x, g, align_corners=False), (IMG, GRID), "coreai", "fp32"),
+    "bicubic-upsample": (lambda x: F.interpolate(x, size=(16, 16), mode="bicubic"),
+                         lambda x: resize_bicubic(x, (16, 16)), (IMG,), "litert-gpu", "fp32"),
+    "repeat-kv-expand": (_repeat_kv, lambda k: repeat_kv_slice_concat(k, 3), (_x(1, 2, 4, 8),), "litert-gpu", "fp32"),
+    "rank-above-4": (lambda x: x.reshape(1, 2, 2, 4, 16).permute(0, 2, 1, 3, 4).reshape(1, 4, 4, 16),
+                     lambda x: permute_rank4(x, (1, 2, 2, 4, 16), (0, 2, 1, 3, 4), (1, 4, 4, 16)),
+                     (_x(1, 4, 4, 16),), "litert-gpu", "fp32"),
+    "clamp-0-1": (lambda x: F.hardtanh(x, 0.0, 1.0), clamp01, (_x(2, 8),), "litert-gpu", "fp32"),
+    "half-rms-norm": (_rms, lambda x: adaptive_normalize(x, (-1,), 1e-6, center=False), (_x(2, 64),),
+                      "litert-gpu", "fp16"),
+    "half-layer-norm": (lambda x: F.layer_norm(x, (64,)), lambda x: adaptive_normalize(x, (-1,), 1e-5, center=True),
+                        (_x(2, 64),), "coreai", "fp16"),
+    "int64-compare-chain": (lambda i: ((i > 2) & (i < 5)).float(), _float_mask, (torch.arange(8),), "coreai", "fp32"),
+    "floor-on-gpu": (torch.floor, lambda x: torch.div(x * 2.0, 2.0, rounding_mode="floor"), (_x(8),), "coreai", "fp32"),
+    "remainder-scalar": (lambda x: torch.remainder(x, 3.0),
+                         lambda x: x - torch.div(x, 3.0, rounding_mode="floor") * 3.0, (_x(8),), "coreai", "fp32"),
+    "complex-ops": (_rope_complex, _rope_real, (_x(1, 4, 8),), "litert", "fp32"),
+    "softmax-len1": (lambda x: x.softmax(-1), lambda x: softmax_safe(x, -1), (_x(2, 3, 1),), "litert-gpu", "fp32"),
+    "causal-mask-qlen": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _causal_mask,
+                         QKV, "coreai", "fp32"),
+}
+
+
+def _rules(fn, args, target, precision):
+    return [f.rule for f in doctor.diagnose(Fn(fn), args, (target,), precision=precision)]
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_fires_on_the_idiom_and_not_on_the_fix(rule_id):
+    bad, fixed, args, target, precision = CASES[rule_id]
+    found = doctor.diagnose(Fn(bad), args, (target,), precision=precision)
+    assert [f.rule for f in found] == [rule_id], [f.format() for f in found]
+    assert "test_doctor.py" in found[0].source, found[0].source  # the user's line, not torch's
+    assert _rules(fixed, args, target, precision) == []
+
+
+def test_long_k_matmul_fires_only_under_half_precision():
+    w = _x(8, 4096)
+    module, args = Fn(lambda x: F.linear(x, w.to(x.dtype))), (_x(2, 4096),)
+    assert _rules(module.fn, args, "litert-gpu", "fp16") == ["long-k-half-matmul"]
+    assert _rules(module.fn, args, "litert-gpu", "fp32") == []
+    assert _rules(lambda x: F.linear(x, w[:, :1024].to(x.dtype)), (_x(2, 1024),), "litert-gpu", "fp16") == []
+
+
+def test_every_rule_has_a_case():
+    assert set(CASES) | {"long-k-half-matmul"} == set(doctor.RULES_BY_ID)
+
+
+def test_each_trap_is_reported_once_across_targets():
+    found = doctor.diagnose(Fn(CASES["grid-sample"][0]), (IMG, GRID), ("litert-gpu", "coreai"))
+    assert len(found) == 1 and found[0].targets == ("litert-gpu", "coreai")
+
+
+def test_repeat_kv_is_not_also_reported_as_rank_5():
+    assert _rules(_repeat_kv, (_x(1, 2, 4, 8),), "litert-gpu", "fp32") == ["repeat-kv-expand"]
+
+
+def test_ignore_takes_known_ids_only():
+    assert doctor.diagnose(Fn(torch.floor), (_x(8),), ("coreai",), ignore=["floor-on-gpu"]) == []
+    with pytest.raises(ZooError, match="Unknown rule id"):
+        doctor.diagnose(Fn(torch.floor), (_x(8),), ("coreai",), ignore=["no-such-rule"])
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: export cannot trace it
+            return x
+        return -x
+
+
+def test_export_failure_is_a_finding_with_the_source_line():
+    (finding,) = doctor.diagnose(DataDependent(), (_x(4),), ("coreai",))
+    assert finding.rule == "export-failed" and finding.severity == "fatal"
+    assert "test_doctor.py" in finding.source, finding.source
+
+
+@pytest.mark.parametrize("name", ["t5", "gqa-llm"])
+def test_zoo_models_are_clean(name):
+    assert [f.format() for f in doctor.diagnose_model(name)] == []
+
+
+def test_t5_is_clean_under_fp16():
+    # T5 upcasts its norms to fp32 itself: the half-precision norm rule must see that
+    assert [f.format() for f in doctor.diagnose_model("t5", ("coreai",), precision="fp16")] == []
