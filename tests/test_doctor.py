@@ -155,3 +155,63 @@ def test_zoo_models_are_clean(name):
 def test_t5_is_clean_under_fp16():
     # T5 upcasts its norms to fp32 itself: the half-precision norm rule must see that
     assert [f.format() for f in doctor.diagnose_model("t5", ("coreai",), precision="fp16")] == []
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_cli_lints_a_factory_and_points_at_its_lines(capsys):
+    assert doctor.main(["doctor_modules:warp", "--target", "litert-gpu"]) == 1
+    out = capsys.readouterr().out
+    for rule in ("grid-sample", "bicubic-upsample", "clamp-0-1"):
+        assert rule in out
+    assert "doctor_modules.py:22" in out and "3 fatal" in out
+
+
+def test_cli_clean_factory_exits_0(capsys):
+    assert doctor.main(["doctor_modules:clean"]) == 0
+    assert "no findings" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["no_such_pkg.mod:build"], "Cannot import 'no_such_pkg.mod'"),
+    (["doctor_modules:missing"], "has no callable 'missing'"),
+    (["doctor_modules:not_a_pair"], "not (module, example_inputs)"),
+    (["pyproject.toml"], "is not a model the doctor can read"),
+    (["nothing-like-a-model"], "neither a zoo model"),
+    (["doctor_modules:clean", "--ignore", "no-such-rule"], "Unknown rule id"),
+])
+def test_cli_bad_input_exits_2_with_one_message(argv, message, capsys, monkeypatch):
+    monkeypatch.chdir(__import__("pathlib").Path(__file__).parents[1])
+    assert doctor.main(argv) == 2
+    out = capsys.readouterr()
+    assert message in out.out + out.err and "Traceback" not in out.out + out.err
+
+
+def test_cli_not_a_tflite_exits_2(tmp_path, capsys):
+    bogus = tmp_path / "model.tflite"
+    bogus.write_bytes(b"\x00" * 64)
+    assert doctor.main([str(bogus)]) == 2
+    assert "not a LiteRT" in capsys.readouterr().out
+
+
+def test_zoo_console_script_knows_doctor(capsys):
+    from zoo import commands
+
+    assert commands.main(["doctor", "--rules-markdown"]) == 0
+    assert "`grid-sample`" in capsys.readouterr().out
+
+
+def test_readme_rule_table_is_generated_from_the_registry():
+    readme = (__import__("pathlib").Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split(doctor.README_BEGIN)[1].split(doctor.README_END)[0]
+    assert section.strip() == doctor.rules_markdown().strip(), "run scripts/doctor_rules_readme.py"
+
+
+def test_cli_reads_a_converted_tflite(tmp_path, capsys):
+    from zoo.rewrites import inspect as tfl
+
+    path = tfl.convert_to_tflite(Fn(lambda x: F.hardtanh(x, 0.0, 1.0)), (_x(2, 8),), tmp_path / "m.tflite")
+    assert doctor.main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "RELU_0_TO_1 is rejected" in out and "fix: relu_0_to_1" in out
