@@ -215,3 +215,58 @@ def test_cli_reads_a_converted_tflite(tmp_path, capsys):
     assert doctor.main([str(path)]) == 1
     out = capsys.readouterr().out
     assert "RELU_0_TO_1 is rejected" in out and "fix: relu_0_to_1" in out
+
+
+# ---------------------------------------------------------------- graph-level fixes
+
+# The exactness each fix promises (the rewrite's class where the fix is a library rewrite).
+FIX_TOLERANCE = {"clamp-0-1": 0.0, "repeat-kv-expand": 0.0, "floor-on-gpu": 0.0, "softmax-len1": 0.0,
+                 "grid-sample": 1e-6, "bicubic-upsample": 1e-6, "remainder-scalar": 1e-6, "half-rms-norm": 1e-6}
+
+
+@pytest.mark.parametrize("rule_id", sorted(doctor.FIXABLE))
+def test_fix_removes_the_finding_and_keeps_the_outputs(rule_id):
+    bad, _, args, target, precision = CASES[rule_id]
+    original = Fn(bad)
+    result = doctor.fix(original, args, (target,), precision=precision)
+    assert result.applied == {rule_id: 1} and result.after == [], [f.format() for f in result.after]
+    with torch.no_grad():
+        want, got = original(*args), result.module(*args)
+    scale = max(1.0, float(want.abs().max()))
+    assert doctor.max_abs_difference(want, got) <= FIX_TOLERANCE[rule_id] * scale
+
+
+def test_fix_reaches_third_party_modules_without_editing_them():
+    import doctor_modules
+
+    for factory in (doctor_modules.warp, doctor_modules.gqa):
+        module, args = factory()
+        result = doctor.fix(module, args, ("litert-gpu", "coreai"))
+        assert result.before and result.after == []
+        with torch.no_grad():
+            assert doctor.max_abs_difference(module(*args), result.module(*args)) <= 1e-6
+
+
+def test_fixed_rms_norm_survives_fp16_where_the_original_overflows():
+    from zoo.precision import cast_for_export
+
+    x = _x(2, 64) * 1000  # mean(x²) ~ 1e6: past fp16's 65504
+    result = doctor.fix(Fn(_rms), (x,), ("litert-gpu",), precision="fp16")
+    want = _rms(x)
+    with torch.no_grad():
+        broken = cast_for_export(Fn(_rms), torch.float16)(x)
+        fixed = cast_for_export(result.module, torch.float16)(x)
+    assert not torch.isfinite(broken).all() or (broken - want).abs().max() > 0.1  # the trap is real
+    assert (fixed - want).abs().max() < 1e-2
+
+
+def test_cli_fix_reports_what_changed(capsys):
+    assert doctor.main(["doctor_modules:gqa", "--fix", "--target", "litert-gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "fixed  repeat-kv-expand: 2 place(s)" in out and "max |diff| 0" in out and "no findings" in out
+
+
+def test_unfixable_grid_sample_mode_stays_reported():
+    module = Fn(lambda x, g: F.grid_sample(x, g, mode="nearest", align_corners=False))
+    result = doctor.fix(module, (IMG, GRID), ("coreai",))
+    assert [f.rule for f in result.after] == ["grid-sample"]

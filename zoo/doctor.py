@@ -179,6 +179,13 @@ def _grid_sample_detail(node) -> str:
     return f"grid_sampler_2d mode={mode} padding={pad} x{tuple(_val(x).shape)} grid{tuple(_val(grid).shape)}"
 
 
+def _detect_grid_sample(node, ctx):
+    # export's own IR has the generic aten.grid_sampler; the targets' tables turn it into grid_sampler_2d
+    if _is(node, aten.grid_sampler_2d) or (_is(node, aten.grid_sampler) and _rank(node.args[0]) == 4):
+        return _grid_sample_detail(node)
+    return None
+
+
 def _detect_repeat_kv(node, ctx):
     """unsqueeze(d) -> expand (size 1 -> r at d) -> reshape merging d into d-1: transformers' repeat_kv."""
     if not _is(node, aten.expand):
@@ -331,7 +338,7 @@ RULES: list[Rule] = [
     Rule("grid-sample", "fatal", (LITERT_GPU, COREAI),
          "F.grid_sample: Core AI has no grid_sampler_2d; LiteRT lowers it to GATHER_ND + rank-5 BROADCAST_TO, "
          "which the GPU delegate rejects", "grid_sample_tent",
-         _op(aten.grid_sampler_2d, detail=_grid_sample_detail), keep=(aten.grid_sampler_2d,)),
+         _detect_grid_sample, keep=(aten.grid_sampler_2d,)),
     Rule("bicubic-upsample", "fatal", (LITERT_GPU,),
          "F.interpolate(mode='bicubic') decomposes into GATHER_ND + BROADCAST_TO, rejected by the GPU delegate",
          "bicubic_matmul", _op(aten.upsample_bicubic2d), keep=(aten.upsample_bicubic2d, aten._upsample_bicubic2d_aa)),
@@ -427,10 +434,19 @@ def export_program(module: nn.Module, example_inputs: tuple, dynamic_shapes=None
     """torch.export, non-strict, the way both targets call it. Raises ExportFailure with the user's line."""
     try:
         with torch.no_grad():
-            return torch.export.export(module.eval(), tuple(example_inputs), kwargs=kwargs,
+            return torch.export.export(_eval(module), tuple(example_inputs), kwargs=kwargs,
                                        dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as exc:  # noqa: BLE001 — any export failure is a finding about the user's module
         raise ExportFailure(exc) from exc
+
+
+def _eval(module: nn.Module) -> nn.Module:
+    """eval mode; a module unlifted from an ExportedProgram (a fixed graph) refuses .eval() and is
+    already frozen in the mode it was exported in."""
+    try:
+        return module.eval()
+    except NotImplementedError:
+        return module
 
 
 class ExportFailure(Exception):
@@ -557,6 +573,197 @@ def merge_targets(findings: list[Finding]) -> list[Finding]:
     return list(merged.values())
 
 
+# ---------------------------------------------------------------- graph-level fixes
+#
+# A fix reaches a third-party forward without editing it. Each op-level fix is a decomposition of one
+# ATen overload (same signature) into the library's implementation (zoo.rewrites), so the models and the
+# doctor share one version; pattern fixes are torch.fx rewrites. Both are applied as node replacements in
+# the exported graph rather than through `ExportedProgram.run_decompositions`: the library builds its
+# constant matrices in numpy (`const_like`), and run_decompositions cannot lift tensors created inside a
+# decomposition ("Constant tensor lifted_tensor_0 is not in the constants dictionary"). Re-exporting the
+# fixed GraphModule traces the library call and lifts those constants properly.
+
+
+def _decomp_grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
+    from zoo.rewrites.resampling import grid_sample_bilinear
+
+    return grid_sample_bilinear(x, grid, align_corners, ("zeros", "border")[padding_mode])
+
+
+def _bicubic_size(x, output_size, scale_factors):
+    if output_size is not None:
+        return tuple(int(s) for s in output_size), None
+    h, w = x.shape[-2:]
+    return (int(h * scale_factors[0]), int(w * scale_factors[1])), tuple(float(f) for f in scale_factors)
+
+
+def _decomp_bicubic_vec(x, output_size, align_corners, scale_factors):
+    from zoo.rewrites.resampling import resize_bicubic
+
+    size, scales = _bicubic_size(x, output_size, scale_factors)
+    return resize_bicubic(x, size, align_corners, scales)
+
+
+def _decomp_bicubic(x, output_size, align_corners, scales_h=None, scales_w=None):
+    from zoo.rewrites.resampling import resize_bicubic
+
+    scales = None if scales_h is None or scales_w is None else (1.0 / scales_h, 1.0 / scales_w)
+    return resize_bicubic(x, tuple(int(s) for s in output_size), align_corners, scales)
+
+
+def _decomp_hardtanh(x, min_val=-1.0, max_val=1.0):
+    from zoo.rewrites.activations import clamp01
+
+    return clamp01(x)  # applied only where the clamp-0-1 detector matched: bounds are (0, 1)
+
+
+def _decomp_clamp(x, min=None, max=None):  # noqa: A002 — ATen's argument names
+    from zoo.rewrites.activations import clamp01
+
+    return clamp01(x)
+
+
+def _decomp_floor(x):
+    # floor(2x / 2) == floor(x) exactly (doubling is exact); div(rounding_mode="floor") is GPU-safe
+    return torch.div(x * 2.0, 2.0, rounding_mode="floor")
+
+
+def _decomp_remainder_scalar(x, other):
+    return x - torch.div(x, other, rounding_mode="floor") * other
+
+
+def _decomp_softmax(x, dim, *_):
+    from zoo.rewrites.arith import softmax_safe
+
+    return softmax_safe(x, dim)
+
+
+# rule id -> {ATen overload: decomposition}
+FIX_DECOMPOSITIONS = {
+    "grid-sample": {aten.grid_sampler_2d.default: _decomp_grid_sampler_2d,
+                    aten.grid_sampler.default: _decomp_grid_sampler_2d},
+    "bicubic-upsample": {aten.upsample_bicubic2d.vec: _decomp_bicubic_vec,
+                         aten.upsample_bicubic2d.default: _decomp_bicubic},
+    "clamp-0-1": {aten.hardtanh.default: _decomp_hardtanh, aten.clamp.default: _decomp_clamp},
+    "floor-on-gpu": {aten.floor.default: _decomp_floor},
+    "remainder-scalar": {aten.remainder.Scalar: _decomp_remainder_scalar},
+    "softmax-len1": {aten._softmax.default: _decomp_softmax, aten.softmax.int: _decomp_softmax},
+}
+# Where a decomposition exists only for some arguments: grid_sample's clean form is bilinear with
+# zeros/border padding; other modes stay (and stay reported).
+FIX_GUARDS = {aten.grid_sampler_2d.default: lambda node: node.args[2] == 0 and node.args[3] in (0, 1),
+              aten.grid_sampler.default: lambda node: node.args[2] == 0 and node.args[3] in (0, 1)}
+
+
+def _fx_decompose(gm: fx.GraphModule, rule: Rule, table: dict) -> int:
+    """Replace each node the rule's detector flags by a call of its decomposition (same arguments)."""
+    ctx, count = Context("", set()), 0
+    for node in list(gm.graph.nodes):
+        fn = table.get(node.target) if node.op == "call_function" else None
+        if fn is None or not rule.detect(node, ctx) or not FIX_GUARDS.get(node.target, lambda n: True)(node):
+            continue
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(fn, node.args, node.kwargs)
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
+def repeat_interleave_slices(x: torch.Tensor, dim: int, times: int) -> torch.Tensor:
+    """x.repeat_interleave(times, dim) as SLICE + CONCATENATION (zoo.rewrites.attention's
+    repeat_kv_slice_concat for any axis): no BROADCAST_TO, no rank-5 tensor."""
+    from zoo.rewrites.attention import repeat_kv_slice_concat
+
+    if dim == 1:
+        return repeat_kv_slice_concat(x, times)
+    return torch.cat([x.narrow(dim, i, 1) for i in range(x.shape[dim]) for _ in range(times)], dim=dim)
+
+
+def _fx_repeat_kv(gm: fx.GraphModule) -> int:
+    """unsqueeze -> expand -> reshape  =>  repeat_interleave_slices(x, dim - 1, r)."""
+    ctx, count = Context("", set()), 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not _detect_repeat_kv(node, ctx):
+            continue
+        src = _skip_pass_through(node.args[0])
+        dim = src.args[1] % _rank(src)
+        times = _val(node).shape[dim]
+        view = next(u for u in _users_through_pass_through(node)
+                    if _is(u, aten.view, aten.reshape, aten._unsafe_view) and _rank(u) == _rank(node) - 1)
+        with gm.graph.inserting_before(view):
+            new = gm.graph.call_function(repeat_interleave_slices, (src.args[0], dim - 1, times))
+        new.meta = dict(view.meta)
+        view.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
+def _fx_rms_norm(gm: fx.GraphModule) -> int:
+    """x * rsqrt(mean(x², dims) + eps)  =>  zoo.rewrites.norms.adaptive_normalize(x, dims, eps)."""
+    from zoo.rewrites.norms import adaptive_normalize
+
+    count = 0
+    for node in list(gm.graph.nodes):
+        match = _match_rms(node)
+        if match is None:
+            continue
+        x, dims, eps = match
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(adaptive_normalize, (x, dims, eps), {"center": False})
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
+def _match_rms(node):
+    """(x, dims, eps) if node is x * rsqrt(mean(x*x | x**2, dims, keepdim=True) + eps), else None."""
+    if not _is(node, aten.mul) or len(node.args) != 2:
+        return None
+    for x, r in (node.args, node.args[::-1]):
+        if not _is(r, aten.rsqrt) or not _is(r.args[0], aten.add):
+            continue
+        mean, eps = r.args[0].args
+        if not _is(mean, aten.mean) or not isinstance(eps, (int, float)) or _squared(mean.args[0]) is not x:
+            continue
+        if not _arg(mean, 2, "keepdim", False):
+            continue
+        return x, tuple(mean.args[1]), float(eps)
+    return None
+
+
+# rule id -> fx rewrite on the exported graph (returns how many places it changed)
+FIX_PATTERNS = {"repeat-kv-expand": _fx_repeat_kv, "half-rms-norm": _fx_rms_norm}
+FIXABLE = tuple(FIX_DECOMPOSITIONS) + tuple(FIX_PATTERNS)
+
+
+@dataclasses.dataclass
+class FixResult:
+    module: nn.Module  # the fixed graph, a torch.fx.GraphModule callable like the original
+    applied: dict[str, int]  # rule id -> places changed
+    before: list[Finding]
+    after: list[Finding]  # re-lint of the fixed module: what no automatic fix covers
+
+
+def fix(module: nn.Module, example_inputs: Sequence, targets: Sequence[str] = DEFAULT_TARGETS, *,
+        precision: str = "fp32", only: Iterable[str] | None = None) -> FixResult:
+    """Apply every automatic fix for the findings on `targets`, then re-lint. The original is untouched."""
+    example_inputs = tuple(example_inputs)
+    before = diagnose(module, example_inputs, targets, precision=precision)
+    wanted = {f.rule for f in before if f.rule in FIXABLE and (only is None or f.rule in set(only))}
+    gm = export_program(module, example_inputs).module()
+    applied = {}
+    for rule in sorted(wanted & set(FIX_DECOMPOSITIONS)):
+        applied[rule] = _fx_decompose(gm, RULES_BY_ID[rule], FIX_DECOMPOSITIONS[rule])
+    for rule in sorted(wanted & set(FIX_PATTERNS)):
+        applied[rule] = FIX_PATTERNS[rule](gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    after = diagnose(gm, example_inputs, targets, precision=precision)
+    return FixResult(gm, applied, before, after)
+
+
 # ---------------------------------------------------------------- zoo models, factories, files
 
 
@@ -628,10 +835,11 @@ README_END = "<!-- doctor-rules:end -->"
 
 
 def rules_markdown() -> str:
-    lines = ["| rule | severity | targets | cause | fix |", "|---|---|---|---|---|"]
+    lines = ["| rule | severity | targets | cause | fix | `--fix` |", "|---|---|---|---|---|---|"]
     for rule in RULES:
         fix = f"rewrite `{rule.fix}`" if rule.fix_is_rewrite else rule.fix
-        cells = [f"`{rule.id}`", rule.severity, ", ".join(rule.targets), rule.cause, fix]
+        auto = "yes" if rule.id in FIXABLE else "no"
+        cells = [f"`{rule.id}`", rule.severity, ", ".join(rule.targets), rule.cause, fix, auto]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
@@ -759,6 +967,11 @@ def main(argv: list[str] | None = None) -> int:
     return print_findings(args.subject, findings)
 
 
+def max_abs_difference(a, b) -> float:
+    flat_a, flat_b = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
+    return max((float((x.float() - y.float()).abs().max()) for x, y in zip(flat_a, flat_b) if x.numel()), default=0.0)
+
+
 def print_findings(subject: str, findings: list[Finding]) -> int:
     for finding in findings:
         print(finding.format())
@@ -768,8 +981,15 @@ def print_findings(subject: str, findings: list[Finding]) -> int:
     return 1 if findings else 0
 
 
-def report_fix(module, inputs, targets, precision, findings):  # replaced once fixes exist
-    return findings
+def report_fix(module, inputs, targets, precision, findings):
+    """--fix: apply the graph-level fixes, show what changed and how far outputs moved; return what is left."""
+    result = fix(module, inputs, targets, precision=precision)
+    with torch.no_grad():
+        diff = max_abs_difference(module(*inputs), result.module(*inputs))
+    for rule, count in sorted(result.applied.items()):
+        print(f"fixed  {rule}: {count} place(s)")
+    print(f"fixed graph vs original: max |diff| {diff:.3g}")
+    return result.after
 
 
 if __name__ == "__main__":
