@@ -360,8 +360,8 @@ RULES: list[Rule] = [
          keep=(aten.layer_norm, aten.native_layer_norm, aten.group_norm, aten.native_group_norm)),
     Rule("long-k-half-matmul", "silent", (LITERT_GPU, COREAI),
          f"a matmul whose contraction is >= {LONG_K} long accumulates in half precision: ~1e-2 relative error",
-         "keep this projection in fp32 (precision with fp32_linear_accumulation) or split K into chunks "
-         "summed in fp32", _detect_long_k),
+         "split K: zoo.rewrites.fp16.split_k_linear (automatic for F.linear / nn.Linear), or keep the projection "
+         "in fp32 (fp32_linear_accumulation)", _detect_long_k),
     Rule("int64-compare-chain", "silent", (COREAI,),
          "bool chains of int64 comparisons clobber unrelated live buffers on the Core AI GPU",
          "build the mask in float arithmetic, e.g. 1 - (x - x.clamp(lo, hi)).abs().clamp(max=1) on x.float()",
@@ -638,6 +638,20 @@ def _decomp_softmax(x, dim, *_):
     return softmax_safe(x, dim)
 
 
+def _decomp_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *_):
+    from zoo.rewrites.norms import adaptive_normalize
+
+    y = adaptive_normalize(x, tuple(range(-len(normalized_shape), 0)), eps, center=True)
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+def _decomp_linear(x, weight, bias=None):
+    from zoo.rewrites.fp16 import split_k_linear
+
+    return split_k_linear(x, weight, bias)
+
+
 # rule id -> {ATen overload: decomposition}
 FIX_DECOMPOSITIONS = {
     "grid-sample": {aten.grid_sampler_2d.default: _decomp_grid_sampler_2d,
@@ -648,6 +662,8 @@ FIX_DECOMPOSITIONS = {
     "floor-on-gpu": {aten.floor.default: _decomp_floor},
     "remainder-scalar": {aten.remainder.Scalar: _decomp_remainder_scalar},
     "softmax-len1": {aten._softmax.default: _decomp_softmax, aten.softmax.int: _decomp_softmax},
+    "half-layer-norm": {aten.layer_norm.default: _decomp_layer_norm},
+    "long-k-half-matmul": {aten.linear.default: _decomp_linear},
 }
 # Where a decomposition exists only for some arguments: grid_sample's clean form is bilinear with
 # zeros/border padding; other modes stay (and stay reported).
@@ -655,12 +671,21 @@ FIX_GUARDS = {aten.grid_sampler_2d.default: lambda node: node.args[2] == 0 and n
               aten.grid_sampler.default: lambda node: node.args[2] == 0 and node.args[3] in (0, 1)}
 
 
+# The half-precision rules fire on half dtypes, but the fix is made on the fp32 graph (the module the
+# user keeps): match those by shape alone.
+FIX_MATCH = {
+    "long-k-half-matmul": lambda node, ctx: _is(node, aten.linear) and _val(node.args[0]).shape[-1] >= LONG_K,
+    "half-layer-norm": lambda node, ctx: _is(node, aten.layer_norm),
+}
+
+
 def _fx_decompose(gm: fx.GraphModule, rule: Rule, table: dict) -> int:
     """Replace each node the rule's detector flags by a call of its decomposition (same arguments)."""
     ctx, count = Context("", set()), 0
+    match = FIX_MATCH.get(rule.id, rule.detect)
     for node in list(gm.graph.nodes):
         fn = table.get(node.target) if node.op == "call_function" else None
-        if fn is None or not rule.detect(node, ctx) or not FIX_GUARDS.get(node.target, lambda n: True)(node):
+        if fn is None or not match(node, ctx) or not FIX_GUARDS.get(node.target, lambda n: True)(node):
             continue
         with gm.graph.inserting_before(node):
             new = gm.graph.call_function(fn, node.args, node.kwargs)
@@ -733,8 +758,56 @@ def _match_rms(node):
     return None
 
 
+def float_compare(op: str, a, b) -> torch.Tensor:
+    """A 0/1 float mask for `a op b` on integer values, by arithmetic only (the seed's fix for int64
+    comparison chains): exact while |a - b| < 2**24."""
+    d = (a.float() if isinstance(a, torch.Tensor) else float(a)) - (b.float() if isinstance(b, torch.Tensor) else float(b))
+    if op == "gt":
+        return torch.clamp(d, 0.0, 1.0)
+    if op == "ge":
+        return torch.clamp(d + 1.0, 0.0, 1.0)
+    if op == "lt":
+        return torch.clamp(-d, 0.0, 1.0)
+    if op == "le":
+        return torch.clamp(1.0 - d, 0.0, 1.0)
+    ne = torch.clamp(torch.abs(d), 0.0, 1.0)
+    return ne if op == "ne" else 1.0 - ne
+
+
+def float_mask_chain(combine: str, masks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """and: product, or: max of 0/1 float masks; back to bool by one float comparison at the end."""
+    out = masks[0]
+    for m in masks[1:]:
+        out = out * m if combine == "and" else torch.maximum(out, m)
+    return out > 0.5
+
+
+_COMBINE = {"logical_and": "and", "bitwise_and": "and", "__and__": "and", "mul": "and",
+            "logical_or": "or", "bitwise_or": "or", "__or__": "or"}
+
+
+def _fx_int64_chain(gm: fx.GraphModule) -> int:
+    """(i > a) & (i < b) on int64  =>  float_mask_chain("and", [float_compare("gt", i, a), ...])."""
+    derived = input_derived(gm.graph, [n.name for n in gm.graph.nodes if n.op == "placeholder"])
+    ctx, count = Context("", set(), derived), 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not _detect_int64_chain(node, ctx):
+            continue
+        if not all(_is(a, *_COMPARISONS) for a in node.args):
+            continue  # a comparison combined with some other bool: leave it reported
+        with gm.graph.inserting_before(node):
+            masks = [gm.graph.call_function(float_compare, (a.target.overloadpacket.__name__, *a.args[:2]))
+                     for a in node.args]
+            new = gm.graph.call_function(float_mask_chain, (_COMBINE[node.target.overloadpacket.__name__], masks))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
 # rule id -> fx rewrite on the exported graph (returns how many places it changed)
-FIX_PATTERNS = {"repeat-kv-expand": _fx_repeat_kv, "half-rms-norm": _fx_rms_norm}
+FIX_PATTERNS = {"repeat-kv-expand": _fx_repeat_kv, "half-rms-norm": _fx_rms_norm,
+                "int64-compare-chain": _fx_int64_chain}
 FIXABLE = tuple(FIX_DECOMPOSITIONS) + tuple(FIX_PATTERNS)
 
 
