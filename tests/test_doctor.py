@@ -89,6 +89,8 @@ CASES = {
                          lambda x: x - torch.div(x, 3.0, rounding_mode="floor") * 3.0, (_x(8),), "coreai", "fp32"),
     "complex-ops": (_rope_complex, _rope_real, (_x(1, 4, 8),), "litert", "fp32"),
     "softmax-len1": (lambda x: x.softmax(-1), lambda x: softmax_safe(x, -1), (_x(2, 3, 1),), "litert-gpu", "fp32"),
+    "coreai-unsupported-op": (lambda x: x.sort(-1).values, lambda x: x.topk(8, -1, largest=False).values,
+                              (_x(2, 8),), "coreai", "fp32"),
     "causal-mask-qlen": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _causal_mask,
                          QKV, "coreai", "fp32"),
 }

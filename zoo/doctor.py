@@ -330,6 +330,37 @@ def _detect_causal_mismatch(node, ctx):
     return f"q_len {q[-2]} != k_len {k[-2]}" if q[-2] != k[-2] else None
 
 
+def _coreai_support():
+    """What the installed coreai-torch lowers, read at run time (never a hard-coded list): its resolver
+    table, plus what it strips or decomposes itself (composites, assertions, its decomposition table)."""
+    global _COREAI_SUPPORT
+    if _COREAI_SUPPORT is None:
+        import coreai_torch
+        from coreai_torch._aten_to_core import _aten_to_core_resolver
+        from coreai_torch._decomp import _COMPOSITE_OPS
+
+        handled = {str(op) for op in _COMPOSITE_OPS} | {str(op) for op in coreai_torch.get_decomp_table()}
+        handled |= {str(op) for op in torch.export.default_decompositions()}
+        handled |= {str(op) for op in (aten._assert_async.msg, aten._assert_scalar.default,
+                                       aten.sym_constrain_range_for_size.default, aten.sym_constrain_range.default,
+                                       aten._assert_tensor_metadata.default)}
+        _COREAI_SUPPORT = (frozenset(_aten_to_core_resolver), frozenset(handled))
+    return _COREAI_SUPPORT
+
+
+_COREAI_SUPPORT = None
+
+
+def _detect_coreai_unsupported(node, ctx):
+    name = str(node.target)
+    if ctx.target != COREAI or node in ctx.claimed or not name.startswith("aten."):
+        return None
+    lowered, handled = _coreai_support()
+    if name in handled or name[len("aten."):] in lowered:
+        return None
+    return f"{name} has no lowering in the installed coreai-torch"
+
+
 def _remainder_detail(node):
     return f"{node.target}"
 
@@ -385,6 +416,11 @@ RULES: list[Rule] = [
          "SDPA is_causal=True is upper-left aligned when q_len != k_len: wrong for decode with a cache",
          "pass an explicit lower-right boolean/additive mask instead of is_causal=True",
          _detect_causal_mismatch, keep=(aten.scaled_dot_product_attention,)),
+    # Last: ops another rule explains (grid_sampler_2d, remainder.Scalar) are claimed by then.
+    Rule("coreai-unsupported-op", "fatal", (COREAI,),
+         "an ATen op the installed coreai-torch cannot lower (read from its resolver table at run time)",
+         "express it with supported ops, or register a custom lowering (coreai_torch register_torch_lowering)",
+         _detect_coreai_unsupported),
 ]
 RULES_BY_ID = {rule.id: rule for rule in RULES}
 assert len(RULES_BY_ID) == len(RULES), "duplicate rule id"
@@ -517,6 +553,7 @@ def lint_graph(graph: fx.Graph, target: str, rules: Sequence[Rule], user_inputs:
                 continue
             detail = rule.detect(node, ctx)
             if detail:
+                ctx.claimed.add(node)  # explained: later catch-all rules skip it
                 findings.append(Finding(rule.id, rule.severity, (target,), rule.cause, rule.fix,
                                         source_line(node), node.name, detail))
     return findings
