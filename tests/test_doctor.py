@@ -275,3 +275,38 @@ def test_unfixable_grid_sample_mode_stays_reported():
     module = Fn(lambda x, g: F.grid_sample(x, g, mode="nearest", align_corners=False))
     result = doctor.fix(module, (IMG, GRID), ("coreai",))
     assert [f.rule for f in result.after] == ["grid-sample"]
+
+
+def _require_gpu_check():
+    import os
+
+    from zoo.targets.litert_gpu import gpu_available
+
+    ok, why = gpu_available()
+    if not ok:
+        if os.environ.get("ZOO_REQUIRE_GPU_CHECK") == "1":
+            pytest.fail(f"ZOO_REQUIRE_GPU_CHECK=1 but the LiteRT GPU check cannot run: {why}", pytrace=False)
+        pytest.skip(f"LiteRT GPU check unavailable ({why}); run scripts/setup_vulkan.sh")
+
+
+@pytest.mark.gpu
+def test_cli_prove_converts_the_fixed_graph_and_passes_the_gpu_check(tmp_path, capsys):
+    _require_gpu_check()
+    argv = ["doctor_modules:gqa", "--prove", "--workdir", str(tmp_path)]
+    assert doctor.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "prove  litert-gpu: max |artifact - original|" in out and "GPU accepted (before: rejected" in out
+    assert "prove  coreai: max |artifact - original|" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_prove_fixes_grid_sample_bicubic_and_hardtanh_on_both_targets(tmp_path):
+    _require_gpu_check()
+    import doctor_modules
+
+    module, args = doctor_modules.warp()
+    result = doctor.fix(module, args)
+    proofs = {p.target: p for p in doctor.prove(module, result.module, args, ("litert-gpu", "coreai"), tmp_path)}
+    assert proofs["litert-gpu"].ok(1e-4) and proofs["coreai"].ok(1e-4), [p.format() for p in proofs.values()]
+    assert proofs["litert-gpu"].before_gpu.startswith("rejected")

@@ -863,6 +863,9 @@ def fix(module: nn.Module, example_inputs: Sequence, targets: Sequence[str] = DE
     before = diagnose(module, example_inputs, targets, precision=precision)
     wanted = {f.rule for f in before if f.rule in FIXABLE and (only is None or f.rule in set(only))}
     gm = export_program(module, example_inputs).module()
+    # ExportedProgram.module() makes .train()/.eval() raise; the graph is frozen in eval mode already, and
+    # the converters (and nn.Module.eval() of a wrapper) call .eval(): restore the plain methods.
+    del gm.train, gm.eval
     applied = {}
     for rule in sorted(wanted & set(FIX_DECOMPOSITIONS)):
         applied[rule] = _fx_decompose(gm, RULES_BY_ID[rule], FIX_DECOMPOSITIONS[rule])
@@ -872,6 +875,123 @@ def fix(module: nn.Module, example_inputs: Sequence, targets: Sequence[str] = DE
     gm.recompile()
     after = diagnose(gm, example_inputs, targets, precision=precision)
     return FixResult(gm, applied, before, after)
+
+
+# ---------------------------------------------------------------- a fix proves itself
+
+
+@dataclasses.dataclass
+class Proof:
+    """One target's evidence for a fixed module, compared with the *original* module on the same inputs."""
+
+    target: str
+    converted: bool
+    error: str = ""  # the converter's or runtime's failure, if any
+    max_abs_error: float | None = None  # artifact (CPU runtime) vs original torch outputs
+    lint: list[str] = dataclasses.field(default_factory=list)  # structural GPU traps left in the .tflite
+    gpu: dict | None = None  # litert-gpu: {"status", "fp32_rel_err", "fp16_rel_err"} from the GPU check
+    before_gpu: str | None = None  # the original module's GPU verdict, for the before/after line
+
+    def ok(self, tol: float) -> bool:
+        ok = self.converted and self.max_abs_error is not None and self.max_abs_error <= tol and not self.lint
+        if self.gpu is not None:
+            ok = ok and self.gpu["status"] == "accepted" and (self.gpu["fp32_rel_err"] or 0.0) <= tol
+        return ok
+
+    def format(self) -> str:
+        if not self.converted:
+            return f"prove  {self.target}: did not convert: {self.error}"
+        line = f"prove  {self.target}: max |artifact - original| {self.max_abs_error:.3g}"
+        if self.lint:
+            line += f"; GPU traps left: {'; '.join(self.lint[:3])}"
+        if self.gpu is not None:
+            line += (f"; GPU {self.gpu['status']} (before: {self.before_gpu or 'n/a'}), "
+                     f"fp32 rel {self.gpu['fp32_rel_err']}, fp16 rel {self.gpu['fp16_rel_err']}")
+        return line
+
+
+def _torch_outputs(module, inputs) -> list:
+    with torch.no_grad():
+        return [o.detach().float().numpy() for o in torch.utils._pytree.tree_leaves(module(*inputs))]
+
+
+def _max_error(got, want) -> float:
+    import numpy as np
+
+    return max(float(np.abs(np.asarray(g, dtype=np.float64) - w).max()) for g, w in zip(got, want))
+
+
+def prove(original: nn.Module, fixed: nn.Module, inputs: Sequence, targets: Sequence[str], workdir: Path,
+          gpu: bool = True) -> list[Proof]:
+    """Convert `fixed` for each target, run the artifact, compare with `original`; on litert-gpu also run
+    the GPU check (fp32 and fp16 compute) on the fixed and the original file."""
+    inputs, workdir = tuple(inputs), Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    reference = _torch_outputs(original, inputs)
+    proofs = []
+    if LITERT in targets or LITERT_GPU in targets:
+        proofs += _prove_litert(original, fixed, inputs, reference, targets, workdir, gpu)
+    if COREAI in targets:
+        proofs.append(_prove_coreai(fixed, inputs, reference, workdir))
+    return proofs
+
+
+def _prove_litert(original, fixed, inputs, reference, targets, workdir, gpu) -> list[Proof]:
+    from zoo.rewrites import inspect as tfl
+    from zoo.rewrites.evidence import gpu_inputs, worst
+
+    try:
+        path = tfl.convert_to_tflite(fixed, inputs, workdir / "fixed.tflite")
+        error = _max_error(tfl.run_tflite_cpu(path, inputs), reference)
+    except Exception as exc:  # noqa: BLE001 — a converter failure is the proof's result, reported
+        return [Proof(t, False, f"{type(exc).__name__}: {_first_line(exc)}") for t in targets if t != COREAI]
+    proofs = [Proof(LITERT, True, max_abs_error=error)] if LITERT in targets else []
+    if LITERT_GPU in targets:
+        proof = Proof(LITERT_GPU, True, max_abs_error=error, lint=tfl.gpu_lint(path))
+        if gpu:
+            from zoo.targets.litert_gpu import gpu_check
+
+            check = gpu_check(path, gpu_inputs(inputs))
+            proof.gpu = {"status": check.status, "fp32_rel_err": worst(check, "fp32_rel_err"),
+                         "fp16_rel_err": worst(check, "fp16_rel_err")}
+            proof.before_gpu = _original_gpu_verdict(original, inputs, workdir)
+        proofs.append(proof)
+    return proofs
+
+
+def _original_gpu_verdict(original, inputs, workdir) -> str:
+    from zoo.rewrites import inspect as tfl
+    from zoo.rewrites.evidence import gpu_inputs
+    from zoo.targets.litert_gpu import gpu_check
+
+    try:
+        path = tfl.convert_to_tflite(original, inputs, workdir / "original.tflite")
+    except Exception as exc:  # noqa: BLE001
+        return f"did not convert ({type(exc).__name__})"
+    check = gpu_check(path, gpu_inputs(inputs))
+    ops = ", ".join(sorted({r.get("op", "?") for r in check.rejected_ops}))
+    return f"{check.status}{f' ({ops})' if ops else ''}"
+
+
+def _prove_coreai(fixed, inputs, reference, workdir) -> Proof:
+    from zoo.targets import Entry
+    from zoo.targets.coreai import CoreAIRunner, convert_programs
+
+    names = {f"x{i}": t for i, t in enumerate(inputs)}
+    entry = Entry("main", fixed, names, [f"y{i}" for i in range(len(reference))])
+    try:
+        ep = export_program(fixed, inputs).run_decompositions(decomposition_table(COREAI, ()))
+        program = convert_programs([entry], [ep])
+        import coreai.runtime as rt
+
+        path = workdir / "fixed.aimodel"
+        program.save_asset(path, rt.AIModelAssetMetadata())
+        runner = CoreAIRunner(path, verify=False)
+        out = runner.run("main", {k: v.numpy() for k, v in names.items()})
+        error = _max_error([out[n] for n in entry.output_names], reference)
+    except Exception as exc:  # noqa: BLE001 — a converter failure is the proof's result, reported
+        return Proof(COREAI, False, f"{type(exc).__name__}: {_first_line(exc)}")
+    return Proof(COREAI, True, max_abs_error=error)
 
 
 # ---------------------------------------------------------------- zoo models, factories, files
@@ -1049,6 +1169,10 @@ def parse_args(argv):
     parser.add_argument("--ignore", action="append", default=[], help="a rule id to skip (repeatable)")
     parser.add_argument("--rules-markdown", action="store_true", help="print the rule table (README) and exit")
     parser.add_argument("--fix", action="store_true", help="apply the graph-level fixes and re-lint (factories)")
+    parser.add_argument("--prove", action="store_true",
+                        help="with --fix: convert the fixed graph for each target, run it (and the LiteRT GPU check) "
+                             "and compare with the original module")
+    parser.add_argument("--workdir", default=None, help="where --prove writes its artifacts (default: a temp dir)")
     args = parser.parse_args(argv)
     if not args.rules_markdown and not args.subject:
         parser.error("a subject is required (a zoo model, pkg.mod:factory or PATH.tflite)")
@@ -1072,8 +1196,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         module, inputs = load_factory(args.subject)
         findings = diagnose(module, inputs, targets, precision=args.precision, ignore=args.ignore)
-        if args.fix and findings:
-            findings = report_fix(module, inputs, targets, args.precision, findings)
+        if (args.fix or args.prove) and findings:
+            findings, proven = report_fix(module, inputs, targets, args.precision, args.prove, args.workdir)
+            code = print_findings(args.subject, findings)
+            return code if proven else 1
     return print_findings(args.subject, findings)
 
 
@@ -1091,15 +1217,29 @@ def print_findings(subject: str, findings: list[Finding]) -> int:
     return 1 if findings else 0
 
 
-def report_fix(module, inputs, targets, precision, findings):
-    """--fix: apply the graph-level fixes, show what changed and how far outputs moved; return what is left."""
+PROVE_TOLERANCE = 1e-4  # artifact vs original, relative to max(1, max|output|): the "approximate" class
+
+
+def report_fix(module, inputs, targets, precision, prove_it: bool = False, workdir=None):
+    """--fix: apply the graph-level fixes, show what changed and how far outputs moved; --prove: convert and
+    check each target. Returns (findings left, every proof passed)."""
+    import tempfile
+
     result = fix(module, inputs, targets, precision=precision)
     with torch.no_grad():
-        diff = max_abs_difference(module(*inputs), result.module(*inputs))
+        reference = module(*inputs)
+        diff = max_abs_difference(reference, result.module(*inputs))
     for rule, count in sorted(result.applied.items()):
         print(f"fixed  {rule}: {count} place(s)")
     print(f"fixed graph vs original: max |diff| {diff:.3g}")
-    return result.after
+    if not prove_it:
+        return result.after, True
+    scale = max([1.0] + [float(t.abs().max()) for t in torch.utils._pytree.tree_leaves(reference) if t.numel()])
+    with tempfile.TemporaryDirectory(prefix="zoo-doctor-") as tmp:
+        proofs = prove(module, result.module, inputs, targets, Path(workdir or tmp))
+    for proof in proofs:
+        print(proof.format())
+    return result.after, all(p.ok(PROVE_TOLERANCE * scale) for p in proofs)
 
 
 if __name__ == "__main__":
