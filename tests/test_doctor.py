@@ -310,3 +310,14 @@ def test_prove_fixes_grid_sample_bicubic_and_hardtanh_on_both_targets(tmp_path):
     proofs = {p.target: p for p in doctor.prove(module, result.module, args, ("litert-gpu", "coreai"), tmp_path)}
     assert proofs["litert-gpu"].ok(1e-4) and proofs["coreai"].ok(1e-4), [p.format() for p in proofs.values()]
     assert proofs["litert-gpu"].before_gpu.startswith("rejected")
+
+
+def test_cli_describes_a_saved_aimodel_and_refuses_an_empty_folder(tmp_path, capsys):
+    module, args = Fn(lambda x: x * 2.0), (_x(2, 4),)
+    (proof,) = doctor.prove(module, module, args, ("coreai",), tmp_path)
+    assert proof.ok(0.0)
+    assert doctor.main([str(tmp_path / "fixed.aimodel")]) == 0
+    assert "main" in capsys.readouterr().out
+    (tmp_path / "empty.aimodel").mkdir()
+    assert doctor.main([str(tmp_path / "empty.aimodel")]) == 2
+    assert "not a Core AI asset" in capsys.readouterr().out

@@ -2,7 +2,8 @@
 
     from zoo import doctor
     findings = doctor.diagnose(module, example_inputs, targets=("litert-gpu", "coreai"))
-    fixed = doctor.fix(module, example_inputs, targets)        # graph-level fixes, source untouched
+    result = doctor.fix(module, example_inputs, targets)       # graph-level fixes, source untouched
+    doctor.prove(module, result.module, example_inputs, targets, workdir)   # convert, run, GPU check
 
 The doctor lints what the converter sees, not source text: the module goes through `torch.export` and the
 target's own decomposition table (coreai-torch's, litert-torch's pre-convert table), except for the ops a
@@ -18,8 +19,9 @@ Precision: the half-precision rules (norm overflow, long-K matmul) look at the d
 in, so `precision="fp16"` exports the module cast the way the pipeline casts it (zoo.precision), and a
 model that upcasts its norms to fp32 by itself (T5, the LLM) stays quiet.
 
-CLI: `python -m zoo.doctor MODEL|pkg.mod:factory|PATH.tflite [--target T] [--precision P] [--ignore ID]`,
-`--rules-markdown` prints the rule table for the README.
+CLI: `python -m zoo.doctor MODEL|pkg.mod:factory|PATH.tflite|PATH.aimodel [--target T] [--precision P]
+[--ignore ID] [--fix [--prove]]`; `--rules-markdown` prints the rule table for the README
+(scripts/doctor_rules_readme.py writes it there).
 """
 
 from __future__ import annotations
@@ -1138,16 +1140,32 @@ def diagnose_tflite(path: Path, ignore: Iterable[str] = ()) -> list[Finding]:
     return findings
 
 
+def describe_aimodel(path: Path) -> str:
+    """A saved Core AI asset: functions, inputs/outputs/states with shapes, storage types and its op
+    histogram, as the runtime reads them (AIModelAsset.summary). The graph traps are the source module's:
+    lint that (`zoo doctor pkg.mod:factory --target coreai`)."""
+    from zoo.targets.coreai import CoreAITarget
+
+    if not path.exists():
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+    if not (path / "main.mlirb").is_file() and not any(path.glob("*.mlirb")):
+        raise ZooError(f"{path} is not a Core AI asset (no .mlirb program inside).",
+                       "pass the .aimodel folder written by `zoo convert ... target=coreai`.")
+    return CoreAITarget().summary(path)
+
+
 # ---------------------------------------------------------------- command line
 
 
 def classify_subject(subject: str) -> str:
-    """'model' (a zoo model name), 'factory' (pkg.mod:factory) or 'tflite' (a file)."""
+    """'model' (a zoo model name), 'factory' (pkg.mod:factory), 'tflite' or 'aimodel' (a saved artifact)."""
     from zoo.registry import model_names
 
     if subject in model_names():
         return "model"
     path = Path(subject)
+    if path.suffix == ".aimodel":
+        return "aimodel"
     if path.suffix == ".tflite" or path.exists():
         if path.suffix != ".tflite":
             raise ZooError(f"{subject} is not a model the doctor can read (a .tflite file, a zoo model name or "
@@ -1189,6 +1207,9 @@ def main(argv: list[str] | None = None) -> int:
     targets = tuple(args.target or DEFAULT_TARGETS)
     kind = classify_subject(args.subject)
     check_rule_ids([i for i in args.ignore if not i.startswith("tflite-")])
+    if kind == "aimodel":
+        print(describe_aimodel(Path(args.subject)))
+        return 0
     if kind == "tflite":
         findings = diagnose_tflite(Path(args.subject), args.ignore)
     elif kind == "model":
