@@ -321,3 +321,15 @@ def test_cli_describes_a_saved_aimodel_and_refuses_an_empty_folder(tmp_path, cap
     (tmp_path / "empty.aimodel").mkdir()
     assert doctor.main([str(tmp_path / "empty.aimodel")]) == 2
     assert "not a Core AI asset" in capsys.readouterr().out
+
+
+def test_pipeline_doctor_stage_notes_findings_with_their_lines():
+    from omegaconf import OmegaConf
+
+    from zoo.pipeline import _doctor_note
+    from zoo.targets import Entry
+
+    entry = Entry("main", Fn(lambda x: F.hardtanh(x, 0.0, 1.0)), {"x": _x(2, 8)}, ["y"])
+    note = _doctor_note("litert", OmegaConf.create({"gpu": {"check": True}}), [entry])
+    assert note.startswith("1 finding(s): clamp-0-1 (fatal, test_doctor.py:") and "zoo doctor" in note
+    assert _doctor_note("litert", OmegaConf.create({"gpu": {"check": False}}), [entry]) == "no findings"

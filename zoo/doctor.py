@@ -576,11 +576,15 @@ def diagnose(module: nn.Module, example_inputs: Sequence, targets: Sequence[str]
     rules = [r for r in RULES if r.id not in ignored]
     module, example_inputs = cast_for_precision(module, tuple(example_inputs), precision)
     findings: list[Finding] = []
+    graphs: dict[str, object] = {}  # litert and litert-gpu share litert-torch's table: export once
     for target in targets:
+        table_key = COREAI if target == COREAI else LITERT
         try:
-            ep = exported_graph(module, example_inputs, target, rules, dynamic_shapes, kwargs)
+            if table_key not in graphs:
+                graphs[table_key] = exported_graph(module, example_inputs, target, rules, dynamic_shapes, kwargs)
         except ExportFailure as failure:
             return [failure.finding()]
+        ep = graphs[table_key]
         findings += lint_graph(ep.graph, target, rules, ep.graph_signature.user_inputs)
     return merge_targets(findings)
 
@@ -1023,20 +1027,36 @@ def model_entries(name: str, target: str, precision: str = "fp32"):
 
 def diagnose_model(name: str, targets: Sequence[str] = DEFAULT_TARGETS, *, precision: str = "fp32",
                    ignore: Iterable[str] = ()) -> list[Finding]:
+    findings = []
+    for target in check_targets(targets):
+        findings += diagnose_entries(list(model_entries(name, target, precision)), target, ignore)
+    return merge_targets(findings)
+
+
+def diagnose_entries(entries, target: str, ignore: Iterable[str] = ()) -> list[Finding]:
+    """Lint the pipeline's entries (zoo.targets.Entry) for one doctor target, exported the way that
+    target's converter exports them."""
     from zoo.targets import NamedIO
 
     findings = []
-    for target in check_targets(targets):
-        for entry in model_entries(name, target, precision):
-            if hasattr(entry.module, "reset"):  # stateful: trace with zeroed buffers, as the targets do
-                entry.module.reset()
-            if target == COREAI:
-                findings += diagnose(entry.module, tuple(entry.inputs.values()), (target,), ignore=ignore,
-                                     dynamic_shapes=entry.dynamic_shapes)
-            else:  # litert-torch exports NamedIO(module) with keyword inputs (zoo.targets.litert)
-                named = NamedIO(entry.module, list(entry.inputs), entry.output_names)
-                findings += diagnose(named, (), (target,), ignore=ignore, kwargs=dict(entry.inputs))
+    for entry in entries:
+        if hasattr(entry.module, "reset"):  # stateful: trace with zeroed buffers, as the targets do
+            entry.module.reset()
+        if target == COREAI:
+            findings += diagnose(entry.module, tuple(entry.inputs.values()), (target,), ignore=ignore,
+                                 dynamic_shapes=entry.dynamic_shapes)
+        else:  # litert-torch exports NamedIO(module) with keyword inputs (zoo.targets.litert)
+            named = NamedIO(entry.module, list(entry.inputs), entry.output_names)
+            findings += diagnose(named, (), (target,), ignore=ignore, kwargs=dict(entry.inputs))
     return merge_targets(findings)
+
+
+def pipeline_note(findings: list[Finding]) -> str:
+    """One line for the pipeline's report: each finding's rule, severity and source line."""
+    items = [f"{f.rule} ({f.severity}, {Path(f.source.split(':')[0]).name}:{f.source.split(':')[1]})"
+             if f.source.count(":") >= 1 and f.source.split(":")[1].isdigit() else f"{f.rule} ({f.severity})"
+             for f in findings]
+    return f"{len(findings)} finding(s): {'; '.join(items)} (zoo doctor names the fixes)"
 
 
 def load_factory(spec: str):
