@@ -329,7 +329,11 @@ def test_pipeline_doctor_stage_notes_findings_with_their_lines():
     from zoo.pipeline import _doctor_note
     from zoo.targets import Entry
 
-    entry = Entry("main", Fn(lambda x: F.hardtanh(x, 0.0, 1.0)), {"x": _x(2, 8)}, ["y"])
+    class HardSigmoidGate(nn.Module):  # keyword inputs, as the pipeline's entries are called
+        def forward(self, x):
+            return F.hardtanh(x, 0.0, 1.0)
+
+    entry = Entry("main", HardSigmoidGate(), {"x": _x(2, 8)}, ["y"])
     note = _doctor_note("litert", OmegaConf.create({"gpu": {"check": True}}), [entry])
     assert note.startswith("1 finding(s): clamp-0-1 (fatal, test_doctor.py:") and "zoo doctor" in note
     assert _doctor_note("litert", OmegaConf.create({"gpu": {"check": False}}), [entry]) == "no findings"
