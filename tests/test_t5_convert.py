@@ -42,7 +42,8 @@ def test_bundle_passes_its_gates_on_the_loaded_artifact(bundles, target, precisi
     report = json.loads((result.path / "report.json").read_text())
     assert report["status"] == "passed" and report["gates"] and all(g["passed"] for g in report["gates"])
     stages = {s["name"]: s for s in report["stages"]}
-    assert {"resolve_weights", "convert", "optimize", "save", "verify"} <= set(stages)
+    assert {"resolve_weights", "doctor", "convert", "optimize", "save", "verify"} <= set(stages)
+    assert stages["doctor"]["note"] == "no findings"  # zoo.doctor lints the graphs before conversion
     assert all(s["outcome"] in ("ok", "skipped") for s in report["stages"])
     assert all(s["seconds"] >= 0 and (s["outcome"] == "skipped" or s["peak_rss_mb"] > 0) for s in report["stages"])
     assert report["port_parity_cosine"]["last_hidden_state"] >= 0.999999

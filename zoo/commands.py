@@ -4,6 +4,7 @@
     zoo convert -m model=t5 target=coreai,litert hydra/launcher=zoo_joblib
     zoo list | zoo bench model=t5 | zoo generate --bundle B --prompt P | zoo demo
     zoo publish t5 --dry-run | zoo cache check [MODEL] | zoo cache repair [MODEL]
+    zoo doctor t5 | zoo doctor mypkg.models:build --target litert-gpu | zoo doctor model.tflite
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ COMMANDS = {
     "verify": ("zoo.verify", "re-check a bundle: hashes, then optionally its gates"),
     "publish": ("zoo.publish", "stage verified bundles + a model card and upload them to the Hub"),
     "cache": ("zoo.hub", "check|repair [MODEL]: the HF cache entries the zoo uses"),
+    "doctor": ("zoo.doctor", "MODEL|pkg.mod:factory|PATH.tflite: known traps in the exported graph, with fixes"),
 }
 
 

@@ -208,10 +208,24 @@ def _session_kind(component: Component) -> str:
     return "generative" if component.generative else "one_shot"
 
 
+def _doctor_note(target_name: str, cfg, entries) -> str:
+    """Lint the graphs about to be exported (zoo.doctor): the findings go into the report, conversion goes on
+    (a fatal trap fails in `convert` anyway; the note then says which rule and which line)."""
+    from zoo import doctor
+
+    targets = [doctor.COREAI] if target_name == "coreai" else [doctor.LITERT]
+    if target_name == "litert" and cfg.get("gpu", {}).get("check", True):
+        targets.append(doctor.LITERT_GPU)
+    findings = doctor.merge_targets([f for t in targets for f in doctor.diagnose_entries(entries, t)])
+    return doctor.pipeline_note(findings) if findings else "no findings"
+
+
 def _stages(target, component, cfg, checkpoint, module, inputs, reference_outputs, precision, scratch, staging, log):
     prepared = target.prepare(module, precision, cfg.get(target.name))
     entries = (component.entries(prepared, inputs, target.name, cfg) if component.entries
                else [Entry("main", prepared, dict(inputs), list(component.output_names))])
+    with log.stage("doctor") as record:
+        record.note = _doctor_note(target.name, cfg, entries)
     if target.export_skip_reason:
         log.skip("export", target.export_skip_reason)
         exported = None

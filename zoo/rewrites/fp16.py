@@ -64,3 +64,21 @@ def _flatten_trailing(x: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
 
 def _keepdim_shape(x: torch.Tensor, dims: tuple[int, ...]) -> list[int]:
     return [1 if d in dims else s for d, s in enumerate(x.shape)]
+
+
+SPLIT_K_CHUNK = 1024
+
+
+def split_k_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   chunk: int = SPLIT_K_CHUNK) -> torch.Tensor:
+    """F.linear with the contraction split into `chunk`-long pieces whose partial results are summed
+    pairwise. On a GPU computing in fp16 each dot product then accumulates at most `chunk` terms, and the
+    partials meet in a balanced tree: the error of a 4096-long fp16 dot product drops to that of a
+    1024-long one plus log2(4) roundings. Exact in fp32 up to summation order (<= 1e-6 relative)."""
+    k = x.shape[-1]
+    if k <= chunk:
+        return F.linear(x, weight, bias)
+    parts = [F.linear(x[..., i:i + chunk], weight[:, i:i + chunk]) for i in range(0, k, chunk)]
+    while len(parts) > 1:  # pairwise: a balanced tree of additions, not a running sum
+        parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0] if bias is None else parts[0] + bias

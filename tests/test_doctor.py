@@ -1,0 +1,339 @@
+"""zoo.doctor: every rule fires on third-party-style code (plain F.* calls, no zoo classes) and stays quiet
+on the fixed form; the zoo's own models get no finding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zoo import doctor
+from zoo.errors import ZooError
+from zoo.rewrites.activations import clamp01
+from zoo.rewrites.arith import softmax_safe
+from zoo.rewrites.attention import repeat_kv_slice_concat
+from zoo.rewrites.norms import adaptive_normalize
+from zoo.rewrites.reshapes import permute_rank4
+from zoo.rewrites.resampling import grid_sample_bilinear, resize_bicubic
+
+
+class Fn(nn.Module):
+    """A third-party forward: just the function."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _x(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _repeat_kv(k):
+    b, n, s, d = k.shape
+    return k[:, :, None].expand(b, n, 3, s, d).reshape(b, n * 3, s, d)
+
+
+def _rms(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def _rope_complex(x):
+    freqs = torch.polar(torch.ones(4, 4), torch.arange(16.0).reshape(4, 4))
+    xc = torch.view_as_complex(x.reshape(1, 4, 4, 2))
+    return torch.view_as_real(xc * freqs).flatten(-2)
+
+
+def _rope_real(x):
+    angle = torch.arange(16.0).reshape(4, 4).repeat_interleave(2, -1)
+    x1, x2 = x.reshape(1, 4, 4, 2).unbind(-1)
+    rotated = torch.stack((-x2, x1), -1).flatten(-2)
+    return x * torch.cos(angle) + rotated * torch.sin(angle)
+
+
+def _float_mask(idx):
+    x = idx.float()
+    return 1 - (x - x.clamp(3, 4)).abs().clamp(max=1)
+
+
+def _causal_mask(q, k, v):
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(k.shape[-2] - q.shape[-2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+IMG, GRID = _x(1, 3, 8, 8), torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
+QKV = (_x(1, 2, 1, 8), _x(1, 2, 4, 8, seed=1), _x(1, 2, 4, 8, seed=2))
+
+# rule id: (bad fn, fixed fn, args, target, precision)
+CASES = {
+    "grid-sample": (lambda x, g: F.grid_sample(x, g, align_corners=False),
+                    lambda x, g: grid_sample_bilinear(x, g, align_corners=False), (IMG, GRID), "coreai", "fp32"),
+    "bicubic-upsample": (lambda x: F.interpolate(x, size=(16, 16), mode="bicubic"),
+                         lambda x: resize_bicubic(x, (16, 16)), (IMG,), "litert-gpu", "fp32"),
+    "repeat-kv-expand": (_repeat_kv, lambda k: repeat_kv_slice_concat(k, 3), (_x(1, 2, 4, 8),), "litert-gpu", "fp32"),
+    "rank-above-4": (lambda x: x.reshape(1, 2, 2, 4, 16).permute(0, 2, 1, 3, 4).reshape(1, 4, 4, 16),
+                     lambda x: permute_rank4(x, (1, 2, 2, 4, 16), (0, 2, 1, 3, 4), (1, 4, 4, 16)),
+                     (_x(1, 4, 4, 16),), "litert-gpu", "fp32"),
+    "clamp-0-1": (lambda x: F.hardtanh(x, 0.0, 1.0), clamp01, (_x(2, 8),), "litert-gpu", "fp32"),
+    "half-rms-norm": (_rms, lambda x: adaptive_normalize(x, (-1,), 1e-6, center=False), (_x(2, 64),),
+                      "litert-gpu", "fp16"),
+    "half-layer-norm": (lambda x: F.layer_norm(x, (64,)), lambda x: adaptive_normalize(x, (-1,), 1e-5, center=True),
+                        (_x(2, 64),), "coreai", "fp16"),
+    "int64-compare-chain": (lambda i: ((i > 2) & (i < 5)).float(), _float_mask, (torch.arange(8),), "coreai", "fp32"),
+    "floor-on-gpu": (torch.floor, lambda x: torch.div(x * 2.0, 2.0, rounding_mode="floor"), (_x(8),), "coreai", "fp32"),
+    "remainder-scalar": (lambda x: torch.remainder(x, 3.0),
+                         lambda x: x - torch.div(x, 3.0, rounding_mode="floor") * 3.0, (_x(8),), "coreai", "fp32"),
+    "complex-ops": (_rope_complex, _rope_real, (_x(1, 4, 8),), "litert", "fp32"),
+    "softmax-len1": (lambda x: x.softmax(-1), lambda x: softmax_safe(x, -1), (_x(2, 3, 1),), "litert-gpu", "fp32"),
+    "coreai-unsupported-op": (lambda x: x.sort(-1).values, lambda x: x.topk(8, -1, largest=False).values,
+                              (_x(2, 8),), "coreai", "fp32"),
+    "causal-mask-qlen": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _causal_mask,
+                         QKV, "coreai", "fp32"),
+}
+
+
+def _rules(fn, args, target, precision):
+    return [f.rule for f in doctor.diagnose(Fn(fn), args, (target,), precision=precision)]
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_fires_on_the_idiom_and_not_on_the_fix(rule_id):
+    bad, fixed, args, target, precision = CASES[rule_id]
+    found = doctor.diagnose(Fn(bad), args, (target,), precision=precision)
+    assert [f.rule for f in found] == [rule_id], [f.format() for f in found]
+    assert "test_doctor.py" in found[0].source, found[0].source  # the user's line, not torch's
+    assert _rules(fixed, args, target, precision) == []
+
+
+def test_long_k_matmul_fires_only_under_half_precision():
+    w = _x(8, 4096)
+    module, args = Fn(lambda x: F.linear(x, w.to(x.dtype))), (_x(2, 4096),)
+    assert _rules(module.fn, args, "litert-gpu", "fp16") == ["long-k-half-matmul"]
+    assert _rules(module.fn, args, "litert-gpu", "fp32") == []
+    assert _rules(lambda x: F.linear(x, w[:, :1024].to(x.dtype)), (_x(2, 1024),), "litert-gpu", "fp16") == []
+
+
+def test_every_rule_has_a_case():
+    assert set(CASES) | {"long-k-half-matmul"} == set(doctor.RULES_BY_ID)
+
+
+def test_each_trap_is_reported_once_across_targets():
+    found = doctor.diagnose(Fn(CASES["grid-sample"][0]), (IMG, GRID), ("litert-gpu", "coreai"))
+    assert len(found) == 1 and found[0].targets == ("litert-gpu", "coreai")
+
+
+def test_repeat_kv_is_not_also_reported_as_rank_5():
+    assert _rules(_repeat_kv, (_x(1, 2, 4, 8),), "litert-gpu", "fp32") == ["repeat-kv-expand"]
+
+
+def test_ignore_takes_known_ids_only():
+    assert doctor.diagnose(Fn(torch.floor), (_x(8),), ("coreai",), ignore=["floor-on-gpu"]) == []
+    with pytest.raises(ZooError, match="Unknown rule id"):
+        doctor.diagnose(Fn(torch.floor), (_x(8),), ("coreai",), ignore=["no-such-rule"])
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: export cannot trace it
+            return x
+        return -x
+
+
+def test_export_failure_is_a_finding_with_the_source_line():
+    (finding,) = doctor.diagnose(DataDependent(), (_x(4),), ("coreai",))
+    assert finding.rule == "export-failed" and finding.severity == "fatal"
+    assert "test_doctor.py" in finding.source, finding.source
+
+
+@pytest.mark.parametrize("name", ["t5", "gqa-llm"])
+def test_zoo_models_are_clean(name):
+    assert [f.format() for f in doctor.diagnose_model(name)] == []
+
+
+def test_t5_is_clean_under_fp16():
+    # T5 upcasts its norms to fp32 itself: the half-precision norm rule must see that
+    assert [f.format() for f in doctor.diagnose_model("t5", ("coreai",), precision="fp16")] == []
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_cli_lints_a_factory_and_points_at_its_lines(capsys):
+    assert doctor.main(["doctor_modules:warp", "--target", "litert-gpu"]) == 1
+    out = capsys.readouterr().out
+    for rule in ("grid-sample", "bicubic-upsample", "clamp-0-1"):
+        assert rule in out
+    assert "doctor_modules.py:22" in out and "3 fatal" in out
+
+
+def test_cli_clean_factory_exits_0(capsys):
+    assert doctor.main(["doctor_modules:clean"]) == 0
+    assert "no findings" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["no_such_pkg.mod:build"], "Cannot import 'no_such_pkg.mod'"),
+    (["doctor_modules:missing"], "has no callable 'missing'"),
+    (["doctor_modules:not_a_pair"], "not (module, example_inputs)"),
+    (["pyproject.toml"], "is not a model the doctor can read"),
+    (["nothing-like-a-model"], "neither a zoo model"),
+    (["doctor_modules:clean", "--ignore", "no-such-rule"], "Unknown rule id"),
+])
+def test_cli_bad_input_exits_2_with_one_message(argv, message, capsys, monkeypatch):
+    monkeypatch.chdir(__import__("pathlib").Path(__file__).parents[1])
+    assert doctor.main(argv) == 2
+    out = capsys.readouterr()
+    assert message in out.out + out.err and "Traceback" not in out.out + out.err
+
+
+def test_cli_not_a_tflite_exits_2(tmp_path, capsys):
+    bogus = tmp_path / "model.tflite"
+    bogus.write_bytes(b"\x00" * 64)
+    assert doctor.main([str(bogus)]) == 2
+    assert "not a LiteRT" in capsys.readouterr().out
+
+
+def test_zoo_console_script_knows_doctor(capsys):
+    from zoo import commands
+
+    assert commands.main(["doctor", "--rules-markdown"]) == 0
+    assert "`grid-sample`" in capsys.readouterr().out
+
+
+def test_readme_rule_table_is_generated_from_the_registry():
+    readme = (__import__("pathlib").Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split(doctor.README_BEGIN)[1].split(doctor.README_END)[0]
+    assert section.strip() == doctor.rules_markdown().strip(), "run scripts/doctor_rules_readme.py"
+
+
+def test_cli_reads_a_converted_tflite(tmp_path, capsys):
+    from zoo.rewrites import inspect as tfl
+
+    path = tfl.convert_to_tflite(Fn(lambda x: F.hardtanh(x, 0.0, 1.0)), (_x(2, 8),), tmp_path / "m.tflite")
+    assert doctor.main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "RELU_0_TO_1 is rejected" in out and "fix: relu_0_to_1" in out
+
+
+# ---------------------------------------------------------------- graph-level fixes
+
+# The exactness each fix promises (the rewrite's class where the fix is a library rewrite).
+FIX_TOLERANCE = {"clamp-0-1": 0.0, "repeat-kv-expand": 0.0, "floor-on-gpu": 0.0, "softmax-len1": 0.0,
+                 "int64-compare-chain": 0.0, "grid-sample": 1e-6, "bicubic-upsample": 1e-6,
+                 "remainder-scalar": 1e-6, "half-rms-norm": 1e-6, "half-layer-norm": 1e-6, "long-k-half-matmul": 1e-6}
+W_LONG = _x(8, 4096, seed=3)
+CASES_FIX_ONLY = {"long-k-half-matmul": (lambda x: F.linear(x, W_LONG), None, (_x(2, 4096),), "litert-gpu", "fp16")}
+
+
+@pytest.mark.parametrize("rule_id", sorted(doctor.FIXABLE))
+def test_fix_removes_the_finding_and_keeps_the_outputs(rule_id):
+    bad, _, args, target, precision = {**CASES, **CASES_FIX_ONLY}[rule_id]
+    original = Fn(bad)
+    result = doctor.fix(original, args, (target,), precision=precision)
+    assert result.applied == {rule_id: 1} and result.after == [], [f.format() for f in result.after]
+    with torch.no_grad():
+        want, got = original(*args), result.module(*args)
+    scale = max(1.0, float(want.abs().max()))
+    assert doctor.max_abs_difference(want, got) <= FIX_TOLERANCE[rule_id] * scale
+
+
+def test_fix_reaches_third_party_modules_without_editing_them():
+    import doctor_modules
+
+    for factory in (doctor_modules.warp, doctor_modules.gqa):
+        module, args = factory()
+        result = doctor.fix(module, args, ("litert-gpu", "coreai"))
+        assert result.before and result.after == []
+        with torch.no_grad():
+            assert doctor.max_abs_difference(module(*args), result.module(*args)) <= 1e-6
+
+
+def test_fixed_rms_norm_survives_fp16_where_the_original_overflows():
+    from zoo.precision import cast_for_export
+
+    x = _x(2, 64) * 1000  # mean(x²) ~ 1e6: past fp16's 65504
+    result = doctor.fix(Fn(_rms), (x,), ("litert-gpu",), precision="fp16")
+    want = _rms(x)
+    with torch.no_grad():
+        broken = cast_for_export(Fn(_rms), torch.float16)(x)
+        fixed = cast_for_export(result.module, torch.float16)(x)
+    assert not torch.isfinite(broken).all() or (broken - want).abs().max() > 0.1  # the trap is real
+    assert (fixed - want).abs().max() < 1e-2
+
+
+def test_cli_fix_reports_what_changed(capsys):
+    assert doctor.main(["doctor_modules:gqa", "--fix", "--target", "litert-gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "fixed  repeat-kv-expand: 2 place(s)" in out and "max |diff| 0" in out and "no findings" in out
+
+
+def test_unfixable_grid_sample_mode_stays_reported():
+    module = Fn(lambda x, g: F.grid_sample(x, g, mode="nearest", align_corners=False))
+    result = doctor.fix(module, (IMG, GRID), ("coreai",))
+    assert [f.rule for f in result.after] == ["grid-sample"]
+
+
+def _require_gpu_check():
+    import os
+
+    from zoo.targets.litert_gpu import gpu_available
+
+    ok, why = gpu_available()
+    if not ok:
+        if os.environ.get("ZOO_REQUIRE_GPU_CHECK") == "1":
+            pytest.fail(f"ZOO_REQUIRE_GPU_CHECK=1 but the LiteRT GPU check cannot run: {why}", pytrace=False)
+        pytest.skip(f"LiteRT GPU check unavailable ({why}); run scripts/setup_vulkan.sh")
+
+
+@pytest.mark.gpu
+def test_cli_prove_converts_the_fixed_graph_and_passes_the_gpu_check(tmp_path, capsys):
+    _require_gpu_check()
+    argv = ["doctor_modules:gqa", "--prove", "--workdir", str(tmp_path)]
+    assert doctor.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "prove  litert-gpu: max |artifact - original|" in out and "GPU accepted (before: rejected" in out
+    assert "prove  coreai: max |artifact - original|" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_prove_fixes_grid_sample_bicubic_and_hardtanh_on_both_targets(tmp_path):
+    _require_gpu_check()
+    import doctor_modules
+
+    module, args = doctor_modules.warp()
+    result = doctor.fix(module, args)
+    proofs = {p.target: p for p in doctor.prove(module, result.module, args, ("litert-gpu", "coreai"), tmp_path)}
+    assert proofs["litert-gpu"].ok(1e-4) and proofs["coreai"].ok(1e-4), [p.format() for p in proofs.values()]
+    assert proofs["litert-gpu"].before_gpu.startswith("rejected")
+
+
+def test_cli_describes_a_saved_aimodel_and_refuses_an_empty_folder(tmp_path, capsys):
+    module, args = Fn(lambda x: x * 2.0), (_x(2, 4),)
+    (proof,) = doctor.prove(module, module, args, ("coreai",), tmp_path)
+    assert proof.ok(0.0)
+    assert doctor.main([str(tmp_path / "fixed.aimodel")]) == 0
+    assert "main" in capsys.readouterr().out
+    (tmp_path / "empty.aimodel").mkdir()
+    assert doctor.main([str(tmp_path / "empty.aimodel")]) == 2
+    assert "not a Core AI asset" in capsys.readouterr().out
+
+
+def test_pipeline_doctor_stage_notes_findings_with_their_lines():
+    from omegaconf import OmegaConf
+
+    from zoo.pipeline import _doctor_note
+    from zoo.targets import Entry
+
+    class HardSigmoidGate(nn.Module):  # keyword inputs, as the pipeline's entries are called
+        def forward(self, x):
+            return F.hardtanh(x, 0.0, 1.0)
+
+    entry = Entry("main", HardSigmoidGate(), {"x": _x(2, 8)}, ["y"])
+    note = _doctor_note("litert", OmegaConf.create({"gpu": {"check": True}}), [entry])
+    assert note.startswith("1 finding(s): clamp-0-1 (fatal, test_doctor.py:") and "zoo doctor" in note
+    assert _doctor_note("litert", OmegaConf.create({"gpu": {"check": False}}), [entry]) == "no findings"
