@@ -213,9 +213,7 @@ def _doctor_note(target_name: str, cfg, entries) -> str:
     (a fatal trap fails in `convert` anyway; the note then says which rule and which line)."""
     from zoo import doctor
 
-    targets = [doctor.COREAI] if target_name == "coreai" else [doctor.LITERT]
-    if target_name == "litert" and cfg.get("gpu", {}).get("check", True):
-        targets.append(doctor.LITERT_GPU)
+    targets = get_target(target_name).doctor_targets(cfg)
     findings = doctor.merge_targets([f for t in targets for f in doctor.diagnose_entries(entries, t)])
     return doctor.pipeline_note(findings) if findings else "no findings"
 

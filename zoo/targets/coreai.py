@@ -255,6 +255,10 @@ class CoreAITarget:
     def open(self, path: Path) -> "CoreAIRunner":
         return CoreAIRunner(path)
 
+    def doctor_targets(self, cfg) -> list[str]:
+        """Which zoo.doctor rule targets apply to graphs converted here."""
+        return ["coreai"]
+
     def post_save_checks(self, path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict,
                          log, evidence: dict | None = None) -> tuple[list, str]:
         """Nothing beyond the verify stage: the Core AI CPU runtime is the only one here."""

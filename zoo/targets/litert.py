@@ -102,6 +102,11 @@ class LiteRTTarget:
         """Nothing yet: a .tflite bundle has no ecosystem-wide bundle descriptor (LiteRT-LM packs its
         metadata inside the .litertlm file instead)."""
 
+    def doctor_targets(self, cfg) -> list[str]:
+        """Which zoo.doctor rule targets apply: the GPU delegate's rules too when its check runs."""
+        gpu = (cfg.get("gpu") or {}).get("check", True)
+        return ["litert", "litert-gpu"] if gpu else ["litert"]
+
     def post_save_checks(self, path: Path, entry_inputs: dict, cfg, precision: Precision, details: dict,
                          log, evidence: dict | None = None) -> tuple[list, str]:
         """The LiteRT GPU delegate on software Vulkan, GPU-only: residency with the delegate's reasons,
