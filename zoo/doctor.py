@@ -1226,7 +1226,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     targets = tuple(args.target or DEFAULT_TARGETS)
     kind = classify_subject(args.subject)
-    check_rule_ids([i for i in args.ignore if not i.startswith("tflite-")])
+    tflite_ids = {"tflite-rejected-op"} | {check[0] for check in _tflite_checks()}
+    check_rule_ids([i for i in args.ignore if i not in tflite_ids])
     if kind == "aimodel":
         print(describe_aimodel(Path(args.subject)))
         return 0
