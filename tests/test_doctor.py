@@ -223,7 +223,7 @@ def test_cli_reads_a_converted_tflite(tmp_path, capsys):
 
 # The exactness each fix promises (the rewrite's class where the fix is a library rewrite).
 FIX_TOLERANCE = {"clamp-0-1": 0.0, "repeat-kv-expand": 0.0, "floor-on-gpu": 0.0, "softmax-len1": 0.0,
-                 "int64-compare-chain": 0.0, "grid-sample": 1e-6, "bicubic-upsample": 1e-6,
+                 "int64-compare-chain": 0.0, "rank-above-4": 0.0, "grid-sample": 1e-6, "bicubic-upsample": 1e-6,
                  "remainder-scalar": 1e-6, "half-rms-norm": 1e-6, "half-layer-norm": 1e-6, "long-k-half-matmul": 1e-6}
 W_LONG = _x(8, 4096, seed=3)
 CASES_FIX_ONLY = {"long-k-half-matmul": (lambda x: F.linear(x, W_LONG), None, (_x(2, 4096),), "litert-gpu", "fp16")}

@@ -848,9 +848,36 @@ def _fx_int64_chain(gm: fx.GraphModule) -> int:
     return count
 
 
+_VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
+
+
+def _fx_rank_above_4(gm: fx.GraphModule) -> int:
+    """view(x, shape) -> permute(perm) -> view(out) through rank > 4, with x and out at rank <= 4
+    =>  zoo.rewrites.reshapes.permute_rank4(x, shape, perm, out): the same element order, rank <= 4."""
+    from zoo.rewrites.reshapes import permute_rank4
+
+    count = 0
+    for node in list(gm.graph.nodes):
+        if not _is(node, *_VIEWS) or _rank(node) > 4:
+            continue
+        permute = _skip_pass_through(node.args[0])
+        if not _is(permute, aten.permute) or _rank(permute) <= 4:
+            continue
+        first = _skip_pass_through(permute.args[0])
+        if not _is(first, *_VIEWS) or _rank(first.args[0]) > 4:
+            continue
+        shape, perm = tuple(_val(first).shape), tuple(permute.args[1])
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(permute_rank4, (first.args[0], shape, perm, tuple(_val(node).shape)))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
 # rule id -> fx rewrite on the exported graph (returns how many places it changed)
 FIX_PATTERNS = {"repeat-kv-expand": _fx_repeat_kv, "half-rms-norm": _fx_rms_norm,
-                "int64-compare-chain": _fx_int64_chain}
+                "int64-compare-chain": _fx_int64_chain, "rank-above-4": _fx_rank_above_4}
 FIXABLE = tuple(FIX_DECOMPOSITIONS) + tuple(FIX_PATTERNS)
 
 
@@ -1226,7 +1253,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     targets = tuple(args.target or DEFAULT_TARGETS)
     kind = classify_subject(args.subject)
-    check_rule_ids([i for i in args.ignore if not i.startswith("tflite-")])
+    tflite_ids = {"tflite-rejected-op"} | {check[0] for check in _tflite_checks()}
+    check_rule_ids([i for i in args.ignore if i not in tflite_ids])
     if kind == "aimodel":
         print(describe_aimodel(Path(args.subject)))
         return 0
