@@ -35,8 +35,9 @@ def test_training_checkpoint_with_args_namespace_loads_weights_only(tmp_path):
 def test_pickle_beyond_weights_only_is_refused_not_loaded_unsafely(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({"model": small_state(), "extra": NotATensor()}, path)
-    with pytest.raises(ZooError, match="needs pickle beyond weights_only"):
+    with pytest.raises(ZooError, match="needs pickle beyond weights_only") as err:
         weights.load_weight_file(path)
+    assert "weights_only=False" not in str(err.value) and "set to `False`" not in str(err.value)  # no unsafe advice
 
 
 def test_truncated_pth_is_named_corrupt(tmp_path):

@@ -79,9 +79,11 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
         with torch.serialization.safe_globals(list(SAFE_CHECKPOINT_GLOBALS)):
             loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        # torch's message goes on to advise weights_only=False, which would run code from the file: only
+        # its reason is passed on (_safe_reason), never the advice.
         raise ZooError(
-            f"{path} needs pickle beyond weights_only to load ({str(exc).splitlines()[0][:300]}); zoo refuses it "
-            "and never falls back to unsafe loading.",
+            f"{path} is not a valid checkpoint: it needs pickle beyond weights_only to load ({_safe_reason(exc)}); "
+            "zoo refuses it and never falls back to unsafe loading.",
             "re-save the weights alone: torch.save(model.state_dict(), PATH) or safetensors.torch.save_file.",
         ) from exc
     return unwrap_state_dict(loaded, path)
