@@ -40,30 +40,23 @@ TINY_DETECTOR = dict(resolution=128, positional_encoding_size=8, num_queries=30,
 TINY_DINO = dict(hidden_size=64, num_attention_heads=2, num_hidden_layers=4)
 
 
-# ---------------------------------------------------------------- seeded weights (mirrored in models/rf_detr)
+# ---------------------------------------------------------------- seeded weights (one definition: models/rf_detr/weights.py)
 
 
-def seeded_tensor(key: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """One tensor as a pure function of (seed, key, shape). Keep in sync with models/rf_detr/weights.py."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
-    noise = torch.randn(shape, generator=generator, dtype=torch.float32)
-    leaf = key.rsplit(".", 1)[-1]
-    if len(shape) >= 2 and leaf == "weight":       # Linear / Conv: fan-in scaling keeps activations O(1)
-        fan_in = 1
-        for size in shape[1:]:
-            fan_in *= size
-        return noise / fan_in ** 0.5
-    if leaf == "weight" or leaf == "lambda1":       # norms and layer scales: around 1
-        return 1.0 + 0.1 * noise
-    if "class_embed" in key and leaf == "bias":     # scores spread over (0, 1)
-        return noise
-    if leaf == "bias":
-        return 0.02 * noise
-    return 0.1 * noise                              # tokens, position embeddings, query embeddings
+def _load_seeded_weights_module():
+    """models/rf_detr/weights.py holds the seeded-weight functions; it imports only torch and zlib, so it is
+    loaded here by path — the reference environment cannot import the zoo package around it."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "models" / "rf_detr" / "weights.py"
+    spec = importlib.util.spec_from_file_location("rf_detr_seeded_weights", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def seeded_state_dict(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
-    return {key: seeded_tensor(key, tuple(shape), seed) for key, shape in sorted(shapes.items())}
+_SEEDED = _load_seeded_weights_module()
+seeded_tensor, seeded_state_dict = _SEEDED.seeded_tensor, _SEEDED.seeded_state_dict
 
 
 # ---------------------------------------------------------------- upstream builds

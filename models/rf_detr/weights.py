@@ -1,9 +1,9 @@
 """RF-DETR checkpoints: upstream `.pth` files, seeded weights for golden parity, and key normalisation.
 
-`seeded_tensor` / `seeded_state_dict` are the same pure functions as in scripts/make_rfdetr_goldens.py (which
-runs in the reference environment and cannot import zoo): the real-size Nano golden fixture stores only a
-key → shape manifest, and both sides draw identical weights from it. tests/test_rf_detr.py checks the copies
-agree on the committed tiny checkpoint.
+`seeded_tensor` / `seeded_state_dict` are pure functions of (seed, key, shape): the real-size Nano golden
+fixture stores only a key → shape manifest, and both sides draw identical weights from it.
+scripts/make_rfdetr_goldens.py (reference environment, no zoo) loads this file by path, so this module must
+keep importing nothing but torch and zlib.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ BOOKKEEPING_KEYS = ("_kp_active_mask",)
 
 
 def seeded_tensor(key: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """One tensor as a pure function of (seed, key, shape). Keep in sync with scripts/make_rfdetr_goldens.py."""
+    """One tensor as a pure function of (seed, key, shape) (also used by scripts/make_rfdetr_goldens.py)."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
     noise = torch.randn(shape, generator=generator, dtype=torch.float32)
     leaf = key.rsplit(".", 1)[-1]
