@@ -120,8 +120,8 @@ def main(argv: list[str]) -> int:
     print(args.prompt, end="", flush=True)
     try:
         generate(args.bundle, args.prompt, args.max_new_tokens, args.tokenizer, args.model)
-    except Exception:
-        print(flush=True)  # end the echoed prompt's line, so the error starts on its own
+    except BaseException:  # nothing swallowed: the newline only ends the echoed prompt, then it re-raises
+        print(flush=True)  # so the boundary's error (or the Ctrl-C line) starts on its own line
         raise
     return 0
 

@@ -155,14 +155,6 @@ def token_exact_gate(reference: Stream, candidate: Stream, knife_edge: float = K
     return TokenGateResult(passed, verdict, first, transcript)
 
 
-def run_token_gate(reference_step: StepFn, candidate_step: StepFn, prompt_ids: Sequence[int],
-                   new_tokens: int = DEFAULT_NEW_TOKENS, **gate_kwargs) -> TokenGateResult:
-    """Generate with both steps from the same prompt and gate the candidate."""
-    reference = greedy(reference_step, prompt_ids, new_tokens)
-    candidate = greedy(candidate_step, prompt_ids, new_tokens)
-    return token_exact_gate(reference, candidate, **gate_kwargs)
-
-
 def greedy_driver(runner, payload: dict) -> dict[str, np.ndarray]:
     """Greedy generation through a component's own session on any runner — used in the LiteRT GPU child
     (zoo.targets.litert_gpu.gpu_session_run) to judge the GPU's fp16 path by the model's token gate.
