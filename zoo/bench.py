@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 from zoo import gates
 from zoo.card import measured_table, update_readme
-from zoo.cli import check_overrides, returns_exit_code
+from zoo.cli import check_overrides, returns_exit_code, run_script
 from zoo.config import compose_convert
 from zoo.console import Console
 from zoo.errors import ZooError
@@ -239,4 +239,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_script(main, sys.argv[1:])

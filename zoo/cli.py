@@ -22,6 +22,7 @@ import functools
 import json
 import pickle
 import sys
+from typing import NoReturn
 
 from zoo.errors import ZooError
 
@@ -57,6 +58,51 @@ def error_boundary(console=None):
         if code is None:
             raise
         raise SystemExit(code) from None
+
+
+# ---------------------------------------------------------------- ending a process
+
+
+def native_runtime_loaded() -> bool:
+    """Whether this process loaded the Core AI runtime, whose Swift worker threads call into Python."""
+    return "coreai.runtime" in sys.modules
+
+
+def end_process(code=0) -> NoReturn:
+    """Exit with `code` (an int, None for 0, or a message for 1), skipping interpreter finalization
+    when the Core AI runtime is loaded.
+
+    Why: the runtime completes its async calls on libdispatch worker threads that drop references to
+    Python objects (PyGILState_Ensure) some time after the call returned. If that lands while CPython 3.11
+    finalizes, CPython ends the thread with pthread_exit, whose forced unwind hits Swift's exception
+    personality and aborts the process (SIGABRT, "C++ exception handling detected but the Swift runtime
+    was compiled with exceptions disabled") — after the command had printed its result. Measured: 11 of
+    30 `zoo.generate` runs on a tiny Core AI bundle died so; gdb shows a DispatchWorker thread in
+    take_gil -> PyThread_exit_thread. atexit handlers run here first, while those threads can still
+    take the GIL; then the process ends without finalizing."""
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    code = 0 if code is None else int(code)
+    if not native_runtime_loaded():
+        sys.exit(code)
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_script(main, *args) -> NoReturn:
+    """`if __name__ == "__main__": run_script(main, argv)`: main's return value or SystemExit code
+    becomes the exit status, through `end_process`."""
+    try:
+        code = main(*args)
+    except SystemExit as exc:
+        code = exc.code
+    end_process(code)
 
 
 def returns_exit_code(main):

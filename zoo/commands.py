@@ -54,5 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     return int(code or 0)
 
 
+def script() -> None:
+    """The `zoo` console script (pyproject [project.scripts]): main's code through zoo.cli.end_process."""
+    from zoo.cli import run_script
+
+    run_script(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script()

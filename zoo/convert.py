@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
 from zoo.bundle import temp_prefix
-from zoo.cli import check_overrides, error_boundary, translated_errors
+from zoo.cli import check_overrides, error_boundary, run_script, translated_errors
 from zoo.console import Console
 from zoo.errors import ZooError
 from zoo.registry import CONFIG_DIR, check_choices, register_model_configs
@@ -108,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

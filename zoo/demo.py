@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 import zoo.quiet  # noqa: F401
-from zoo.cli import returns_exit_code
+from zoo.cli import returns_exit_code, run_script
 from zoo.config import compose_convert
 from zoo.console import Console
 from zoo.errors import ZooError
@@ -34,4 +34,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_script(main, sys.argv[1:])

@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import fx, nn
 
-from zoo.cli import returns_exit_code
+from zoo.cli import returns_exit_code, run_script
 from zoo.errors import ZooError
 
 aten = torch.ops.aten
@@ -1312,4 +1312,4 @@ def report_fix(module, inputs, targets, precision, prove_it: bool = False, workd
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

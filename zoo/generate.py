@@ -15,7 +15,7 @@ from pathlib import Path
 
 import zoo.quiet  # noqa: F401
 from zoo import integrity
-from zoo.cli import returns_exit_code
+from zoo.cli import returns_exit_code, run_script
 from zoo.errors import ZooError
 
 def read_manifest(bundle: Path, model: str | None = None) -> dict:
@@ -127,4 +127,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_script(main, sys.argv[1:])

@@ -621,4 +621,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from zoo.cli import run_script
+
+    run_script(main)

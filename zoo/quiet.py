@@ -30,6 +30,10 @@ def _interrupted_quietly(kind, value, tb, _default=__import__("sys").excepthook)
         sys.stdout.flush()
         os._exit(130)  # the shell's convention for SIGINT (Hydra's wrapper would otherwise make it 1)
     _default(kind, value, tb)
+    from zoo.cli import end_process, native_runtime_loaded
+
+    if native_runtime_loaded():  # a bug's traceback is printed; the exit must not abort on top of it
+        end_process(1)
 
 
 __import__("sys").excepthook = _interrupted_quietly

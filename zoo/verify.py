@@ -28,7 +28,7 @@ import zoo.quiet  # noqa: F401
 from rich.markup import escape
 
 from zoo.bundle import MANIFEST, REPORT
-from zoo.cli import returns_exit_code
+from zoo.cli import returns_exit_code, run_script
 from zoo.console import Console
 from zoo.errors import GateFailure, ZooError
 from zoo.integrity import DamagedBundle, refetch_fix, describe_damage, inspect_bundle
@@ -169,4 +169,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

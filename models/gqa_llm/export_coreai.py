@@ -49,6 +49,7 @@ class CoreAISession:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.states = {}  # cache NDArrays must die before the runtime that made them (see CoreAIRunner.close)
         if self._owns_runner:
             self.runner.close()
 
