@@ -70,5 +70,7 @@ def main(folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    default = Path("~/.cache/zoo/smollm2-135m-instruct").expanduser()
+    from zoo.weights import in_zoo_cache
+
+    default = in_zoo_cache("gqa_llm/smollm2-135m-instruct")
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else default)

