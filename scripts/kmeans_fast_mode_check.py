@@ -43,7 +43,7 @@ def palettize_one(weight: torch.Tensor, fast: bool) -> dict:
     program = target.convert(entries, target.export(entries), None)
     t0 = time.perf_counter()
     try:
-        compressed = palettize_int8(program, kmeans_workers=1, fast_kmeans=fast)
+        compressed = palettize_int8(program, kmeans_workers=1, fast_kmeans="all" if fast else "off")
     except ZooError as exc:  # the non-finite check refused it
         return {"seconds": round(time.perf_counter() - t0, 1), "refused": str(exc).split(";")[0]}
     seconds = round(time.perf_counter() - t0, 1)

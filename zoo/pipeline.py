@@ -282,7 +282,8 @@ def bundle_facts(component: Component, cfg, checkpoint: weights.Checkpoint, targ
 def _compress_options(cfg) -> dict:
     workers = cfg.get("int8_kmeans_workers")  # null: every core
     return {"int8_group_size": int(cfg.get("int8_group_size", 32)),
-            "int8_kmeans_workers": int(workers) if workers else None}
+            "int8_kmeans_workers": int(workers) if workers else None,
+            "int8_fast_kmeans": str(cfg.get("int8_fast_kmeans", "off"))}
 
 
 def _thresholds(cfg, precision: Precision) -> dict[str, float]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
+import hashlib
 import os
 import warnings
 from importlib.metadata import version
@@ -59,26 +61,55 @@ def convert_programs(entries: list[Entry], exported: list):
     return converter.to_coreai()
 
 
-def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = None, fast_kmeans: bool = False,
-                   progress=None):
+# coreai-opt's fast k-means mode rounds each weight to 4 decimals in fp16 (np.round multiplies by 1e4
+# first), so it is exact only while |w| * 1e4 stays below fp16's largest finite value, 65504.
+FAST_ROUNDING_DECIMALS = 4
+FAST_ROUNDING_LIMIT = 65504.0 / 10**FAST_ROUNDING_DECIMALS  # 6.5504
+
+
+@dataclasses.dataclass
+class PalettizationStats:
+    """What one palettization did: distinct weights clustered, weights that reused an identical
+    weight's table, and weights clustered on rounded values (the fast mode) vs exact."""
+
+    clustered: int = 0
+    shared: int = 0
+    rounded: int = 0
+    exact_too_large: int = 0
+
+    def describe(self) -> str:
+        return (f"{self.clustered} distinct weight(s) clustered ({self.rounded} on 4-decimal values, "
+                f"{self.exact_too_large} exact as |w| > {FAST_ROUNDING_LIMIT:.4f}), "
+                f"{self.shared} reused an identical weight's table")
+
+
+def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = None, fast_kmeans: str = "off",
+                   progress=None, stats: PalettizationStats | None = None):
     """8-bit k-means palettization, one look-up table per group of 32 output channels.
 
     Weights whose leading axis is not a multiple of the group size are left in fp32 by coreai-opt
     (it says so on stdout); the summary's storage types show what was compressed.
-    K-means runs per group (~0.15 s each here; SmolLM2 has ~11,000 groups, since each function holds
-    its own copy of a weight), so it is spread over `kmeans_workers` processes (default: every core).
+    K-means runs per group (~0.15 s each here), spread over `kmeans_workers` processes (default: every
+    core), and once per *distinct* weight: an LLM's prefill and decode functions each hold a copy of
+    every weight, and identical copies reuse the first one's table (`_sharing_tables`).
 
-    fast_kmeans stays off: coreai-opt 0.4.0's "fast" mode rounds the weights to 4 decimals *in fp16*
-    (x * 1e4 first), so any weight with |w| > 6.5504 becomes inf and its group's look-up table gets
-    inf/NaN entries. SmolLM2 has two such weights (layer 27 gate/up, |w| up to 9.25): every logit was
-    NaN. Exact mode costs little: 8.2 s vs 6.4 s on layer 27's gate_proj with one worker
-    (`scripts/kmeans_fast_mode_check.py`, which also shows the fast mode refused by the check below).
+    fast_kmeans: "off" (default) clusters exact fp16 values. "safe" clusters each weight on its values
+    rounded to 4 decimals — exactly what coreai-opt's fast mode does — but only where that rounding cannot
+    overflow fp16 (|w| < 6.5504); larger weights are clustered exact (config `int8_fast_kmeans`, see
+    zoo/schema.py for why it is not the default). "all": coreai-opt's own fast mode on
+    every weight, kept as the negative control: it rounds in fp16 (x * 1e4 first), so |w| > 6.5504
+    becomes inf and the group's look-up table inf/NaN — SmolLM2's layer-27 gate/up (|w| up to 9.25)
+    made every logit NaN. The non-finite table check below stays as the backstop either way.
     """
+    if fast_kmeans not in ("safe", "off", "all"):
+        raise ValueError(f"fast_kmeans must be 'safe', 'off' or 'all', not {fast_kmeans!r}")
     kmeans_workers = kmeans_workers or os.cpu_count() or 1
+    stats = stats if stats is not None else PalettizationStats()
     _coreai_torch()
     from coreai_opt.coreai_utils import CompressionGranularity, palettize_weights
 
-    with _forkserver_start_method(), _counting_weights(progress):
+    with _forkserver_start_method(), _sharing_tables(stats, round_when_safe=fast_kmeans == "safe"), \
+            _counting_weights(progress):
         compressed = palettize_weights(
             program,
             None,
@@ -86,17 +117,58 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
             granularity=CompressionGranularity.PER_GROUPED_CHANNEL,
             group_size=group_size,
             num_kmeans_workers=kmeans_workers,
-            enable_fast_kmeans_mode=fast_kmeans,
+            enable_fast_kmeans_mode=fast_kmeans == "all",
         )
     bad = nonfinite_lookup_tables(compressed)
     if bad:
         raise ZooError(
             f"8-bit palettization produced non-finite look-up-table entries in {len(bad)} weight(s) "
             f"(first: {bad[0]}); the bundle would compute NaN.",
-            "keep fast k-means off (palettize_int8(fast_kmeans=False), the default), or report the "
-            "weight's value range: coreai-opt casts weights to fp16 before clustering.",
+            "use int8_fast_kmeans=off (the default) or safe (rounding only where it cannot overflow fp16), or "
+            "report the weight's value range: coreai-opt casts weights to fp16 before clustering.",
         )
     return compressed
+
+
+@contextlib.contextmanager
+def _sharing_tables(stats: PalettizationStats, round_when_safe: bool):
+    """Cluster each distinct weight once, and round it first where that is safe.
+
+    coreai-opt's per-weight work is `_blockwise_compress(weight_fp16, mode=..., nbits=..., block_sizes=...,
+    ...)`, looked up as a module global at call time: wrapping it (for this call only) lets identical
+    weights — same bytes, shape and compression arguments — share one result, and lets the 4-decimal
+    rounding be decided per weight. If the private name moves in a later coreai-opt, palettization
+    still runs, without the sharing (stats then stay at zero)."""
+    try:
+        from coreai_opt.coreai_utils.passes import weight_palettization as wp
+
+        original = wp._blockwise_compress
+    except (ImportError, AttributeError):
+        yield
+        return
+    tables: dict[tuple, object] = {}
+
+    def shared(weight, **kwargs):
+        key = (hashlib.blake2b(np.ascontiguousarray(weight).tobytes(), digest_size=16).digest(),
+               weight.shape, weight.dtype.str,
+               repr(sorted((k, v) for k, v in kwargs.items() if k != "num_kmeans_workers")))
+        if key in tables:
+            stats.shared += 1
+            return tables[key]
+        stats.clustered += 1
+        if round_when_safe and weight.dtype == np.float16 and float(np.abs(weight).max(initial=0)) < FAST_ROUNDING_LIMIT:
+            weight = np.round(weight, decimals=FAST_ROUNDING_DECIMALS)
+            stats.rounded += 1
+        elif round_when_safe:
+            stats.exact_too_large += 1
+        tables[key] = original(weight, **kwargs)
+        return tables[key]
+
+    wp._blockwise_compress = shared
+    try:
+        yield
+    finally:
+        wp._blockwise_compress = original
 
 
 def nonfinite_lookup_tables(program) -> list[str]:
@@ -223,15 +295,17 @@ class CoreAITarget:
         return convert_programs(entries, exported)
 
     def compress(self, program, precision: Precision, scratch: Path, int8_group_size: int = 32,
-                 int8_kmeans_workers: int | None = None, progress=None):
+                 int8_kmeans_workers: int | None = None, int8_fast_kmeans: str = "off", progress=None):
         """Returns (program, note); note None means the stage had nothing to do. `progress(done, total)`
         hears of each weight palettized."""
         if precision.name == "int8":
             workers = int8_kmeans_workers or os.cpu_count() or 1
             total = count_weight_constants(program) if progress else None
             report = (lambda done, _: progress(done, total)) if progress else None
-            return (palettize_int8(program, int8_group_size, workers, progress=report),
-                    f"8-bit palettization, per grouped channel, group {int8_group_size}, {workers} k-means worker(s)")
+            stats = PalettizationStats()
+            compressed = palettize_int8(program, int8_group_size, workers, int8_fast_kmeans, progress=report, stats=stats)
+            return (compressed, f"8-bit palettization, per grouped channel, group {int8_group_size}, "
+                                f"{workers} k-means worker(s); {stats.describe()}")
         return program, None
 
     def save(self, program, dest: Path, metadata: dict) -> Path:
