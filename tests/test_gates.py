@@ -155,3 +155,21 @@ def test_worst_shows_nan():
     from zoo.console import worst_per_metric
 
     assert "nan" in worst_per_metric(results)[0]
+
+
+def test_one_rule_for_zeros_nan_and_shapes_in_every_array_metric():
+    """The GPU check (litert_gpu._errors) and the gates once disagreed: two all-zero outputs were cosine 1
+    there and NaN here. Now both are the gate functions; each edge case below has one answer."""
+    from zoo.targets.litert_gpu import _errors
+
+    zeros, ones = np.zeros(4), np.ones(4)
+    assert gates.cosine(zeros, zeros) == 1.0 and gates.rel_max_abs(zeros, zeros) == 0.0
+    assert gates.cosine(zeros, ones) == 0.0 and gates.cosine(ones, zeros) == 0.0
+    assert gates.rel_max_abs(ones, zeros) == float("inf")
+    for bad in (np.array([1.0, np.nan, 1.0, 1.0]),):
+        assert np.isnan(gates.cosine(bad, ones)) and np.isnan(gates.cosine(ones, bad))  # NaN on either side
+        assert np.isnan(gates.max_abs(bad, ones)) and np.isnan(gates.rel_max_abs(bad, ones))
+    assert np.isnan(gates.cosine(np.ones(3), ones)) and np.isnan(gates.max_abs(np.ones(3), ones))
+    for ref, got in ((zeros, zeros), (ones, zeros), (ones, np.array([1.0, np.nan, 1.0, 1.0])), (ones, ones * 2)):
+        expected = (gates.max_abs(got, ref), gates.rel_max_abs(got, ref), gates.cosine(got, ref))
+        assert np.array_equal(np.array(_errors(ref, got)), np.array(expected), equal_nan=True)

@@ -36,21 +36,37 @@ def _as64(x) -> np.ndarray:
 
 
 def cosine(candidate, reference) -> float:
+    """Cosine similarity (float64). One rule for every caller, the GPU check included: non-finite values
+    on either side or a size mismatch give NaN (which never passes); two all-zero outputs are identical
+    (1.0); an all-zero output against a non-zero one shares no direction (0.0)."""
     a, b = _as64(candidate), _as64(reference)
-    denom = np.linalg.norm(a) * np.linalg.norm(b)
-    if not np.all(np.isfinite(a)) or denom == 0.0:
-        return float("nan")  # NaN never passes a gate
-    return float(a @ b / denom)
+    if a.shape != b.shape or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return float("nan")
+    norms = np.linalg.norm(a) * np.linalg.norm(b)
+    if norms == 0.0:
+        return 1.0 if not (a.any() or b.any()) else 0.0
+    return float(a @ b / norms)
 
 
 def max_abs(candidate, reference) -> float:
+    """max |candidate - reference|; NaN when either side holds NaN or the sizes differ, inf for inf."""
     a, b = _as64(candidate), _as64(reference)
-    return float(np.max(np.abs(a - b))) if np.all(np.isfinite(a)) else float("inf")
+    if a.shape != b.shape:
+        return float("nan")
+    if a.size == 0:
+        return 0.0
+    diff = np.abs(a - b)
+    return float("nan") if np.isnan(diff).any() else float(diff.max())
 
 
 def rel_max_abs(candidate, reference) -> float:
-    peak = float(np.max(np.abs(_as64(reference))))
-    return max_abs(candidate, reference) / peak if peak > 0 else max_abs(candidate, reference)
+    """max_abs over max |reference|; against an all-zero reference any difference is infinitely large."""
+    error = max_abs(candidate, reference)
+    ref = _as64(reference)
+    peak = float(np.max(np.abs(ref))) if ref.size else 0.0
+    if peak > 0 or np.isnan(error):
+        return error / peak if peak > 0 else error
+    return 0.0 if error == 0 else float("inf")
 
 
 def psnr(candidate, reference) -> float:

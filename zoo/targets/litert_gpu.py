@@ -418,23 +418,11 @@ def _compare(reference: dict, gpu: dict[str, dict]) -> dict[str, dict[str, Outpu
 
 
 def _errors(ref: np.ndarray, got: np.ndarray) -> tuple[float, float, float]:
-    """max |got - ref|, that over max |ref|, and cosine similarity (float64)."""
-    ref = np.asarray(ref, np.float64).ravel()
-    got = np.asarray(got, np.float64).reshape(-1)
-    if ref.shape != got.shape:
-        return math.inf, math.inf, math.nan
-    diff = np.abs(got - ref)
-    max_abs = float(diff.max()) if diff.size else 0.0
-    if diff.size and not np.isfinite(diff).all():
-        max_abs = math.inf if not np.isnan(diff).any() else math.nan
-    scale = float(np.abs(ref).max()) if ref.size else 0.0
-    rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
-    norms = float(np.linalg.norm(ref) * np.linalg.norm(got))
-    if norms == 0:
-        cos = 1.0 if max_abs == 0 else 0.0
-    else:
-        cos = float(np.dot(ref, got) / norms)
-    return max_abs, rel, cos
+    """max |got - ref|, that over max |ref|, and cosine similarity: the gate functions themselves
+    (zoo.gates), so the GPU check and the gates cannot disagree on NaN, zeros or shapes."""
+    from zoo import gates
+
+    return gates.max_abs(got, ref), gates.rel_max_abs(got, ref), gates.cosine(got, ref)
 
 
 # ---------------------------------------------------------------- availability probe
