@@ -41,17 +41,29 @@ def test_fp32_bundle_is_gpu_resident_and_exact(litert):
     assert {g.metric for g in result.gates} >= {"gpu_resident", "gpu_fp32_rel_err"}
 
 
-def test_fp16_weights_bundle_is_rejected_with_the_delegates_reason(litert):
-    gpu = json.loads((litert["fp16"].path / "report.json").read_text())["gpu"]
+def test_fp16_weights_bundle_is_gpu_resident_with_its_table_in_fp32(litert):
+    """Before zoo.targets.litert kept lookup tables fp32, this bundle was rejected (EMBEDDING_LOOKUP:
+    Empty quantization params) and ran on the CPU."""
+    result = litert["fp16"]
+    assert result.ok, [g.describe() for g in result.gates]
+    gpu = json.loads((result.path / "report.json").read_text())["gpu"]
+    assert gpu["status"] == "accepted" and gpu["rejected_ops"] == []
+    assert gpu["outputs"]["main"]["last_hidden_state"]["fp32_rel_err"] < 1e-3
+    assert any(g.metric == "gpu_resident" and g.passed for g in result.gates)
+
+
+def test_negative_control_an_fp16_table_is_rejected_and_fails_residency(cfg, tmp_path, monkeypatch):
+    """The same fp16 bundle with its lookup table cast as well (the old recipe): the delegate names the
+    table, and the residency that models/t5/config.yaml requires for fp16 fails the bundle."""
+    from zoo.targets import litert as litert_target
+
+    original = litert_target.quantize
+    monkeypatch.setattr(litert_target, "quantize", lambda *a, **k: original(*a, **k, keep_tables_fp32=False))
+    result = convert_model(cfg, ["litert"], precision="fp16", out_dir=tmp_path)[0]
+    assert result.path.name.endswith(".failed")
+    gpu = json.loads((result.path / "report.json").read_text())["gpu"]
     assert gpu["status"] == "rejected"
     assert any(o["op"] == "EMBEDDING_LOOKUP" and "quantization" in o["reason"] for o in gpu["rejected_ops"])
-    assert gpu["partitions"]["cpu_ops"] > 0
-    assert litert["fp16"].ok  # fp16 is not required to be resident (models/t5/config.yaml gpu.require_resident)
-
-
-def test_negative_control_requiring_residency_of_a_rejected_bundle_fails(cfg, tmp_path):
-    strict = OmegaConf.merge(cfg, {"gpu": {"require_resident": ["fp16"]}})
-    result = convert_model(strict, ["litert"], precision="fp16", out_dir=tmp_path)[0]
     assert result.status == "gate_failed"
     assert any(g.metric == "gpu_resident" and not g.passed for g in result.gates)
 

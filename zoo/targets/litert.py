@@ -36,7 +36,8 @@ def convert_entries(entries: list[Entry], out_path: Path) -> Path:
     return out_path
 
 
-def quantize(fp32_path: Path, precision: Precision, out_path: Path) -> tuple[Path, str]:
+def quantize(fp32_path: Path, precision: Precision, out_path: Path, keep_tables_fp32: bool = True) -> tuple[Path, str]:
+    """keep_tables_fp32=False casts lookup tables too (what fp16 did before; the tests' negative control)."""
     # litert-quantizer is the maintained successor of ai-edge-quantizer (renamed, same API; byte-identical
     # output on dynamic_wi8, fp16 casting and dynamic_wi4b32 as measured in toolchain.md §5). The old name
     # gets no fixes; it stays installed only because litert-torch 0.10.0 still depends on it.
@@ -53,7 +54,17 @@ def quantize(fp32_path: Path, precision: Precision, out_path: Path) -> tuple[Pat
             num_bits=16,
             algorithm_key=recipe.AlgorithmName.FLOAT_CASTING,
         )
-        note = "fp16 weights (litert-quantizer float casting); CPU kernels compute in fp32"
+        # The GPU delegate refuses an fp16 lookup table (EMBEDDING_LOOKUP: "Empty quantization params", and
+        # the DEQUANTIZE in front of it), which sent every fp16 T5/LLM bundle back to the CPU. Tables stay
+        # fp32; everything else is fp16 (tests/test_litert_fp16.py: rejected before, accepted after).
+        if keep_tables_fp32:
+            q.update_quantization_recipe(
+                regex=".*",
+                operation_name=qtyping.TFLOperationName.EMBEDDING_LOOKUP,
+                algorithm_key=recipe.AlgorithmName.NO_QUANTIZE,
+            )
+        note = ("fp16 weights (litert-quantizer float casting), lookup tables kept fp32 for the GPU delegate; "
+                "CPU kernels compute in fp32")
     else:
         raise ValueError(precision.name)
     q.quantize().export_model(str(out_path))

@@ -1,0 +1,70 @@
+"""LiteRT fp16 bundles stay on the GPU: lookup tables are kept fp32 (zoo.targets.litert.quantize).
+
+The GPU delegate refuses an fp16 EMBEDDING_LOOKUP table ("Empty quantization params"), which made every
+fp16 bundle of T5 and the LLM GPU-rejected. The negative control casts the table too, as before, and is
+rejected by the same check on the same model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from zoo.precision import PRECISIONS
+from zoo.targets import Entry, litert_gpu
+from zoo.targets.litert import LiteRTTarget, quantize
+
+pytestmark = pytest.mark.gpu
+
+
+class LookupThenProject(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 32)
+        self.proj = nn.Linear(32, 32)
+
+    def forward(self, ids):
+        return self.proj(self.embed(ids))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    torch.manual_seed(0)
+    module, ids = LookupThenProject().eval(), torch.randint(0, 64, (1, 8), dtype=torch.int32)
+    folder = tmp_path_factory.mktemp("fp16")
+    fp32 = LiteRTTarget().convert([Entry("main", module, {"ids": ids}, ["y"])], None, folder)
+    return module, ids, fp32, folder
+
+
+def _check(path, ids):
+    from gpu_mode import gpu_ready, gpu_required
+
+    ready, why = gpu_ready()
+    if not ready:
+        if gpu_required():
+            pytest.fail(f"ZOO_REQUIRE_GPU_CHECK=1 but the LiteRT GPU check cannot run: {why}", pytrace=False)
+        pytest.skip(f"LiteRT GPU check unavailable ({why}); run scripts/setup_vulkan.sh")
+    return litert_gpu.gpu_check(path, {"main": {"ids": ids.numpy()}})
+
+
+def test_fp16_bundle_with_a_lookup_table_is_gpu_resident_and_right(converted):
+    module, ids, fp32, folder = converted
+    fp16, note = quantize(fp32, PRECISIONS["fp16"], folder / "fp16.tflite")
+    assert "lookup tables kept fp32" in note and fp16.stat().st_size < fp32.stat().st_size
+    check = _check(fp16, ids)
+    assert check.status == "accepted", check.reason
+    errors = check.outputs["main"]["y"]
+    assert errors.fp16_cosine > 0.999 and errors.fp32_rel_err < 1e-3
+
+
+def test_negative_control_an_fp16_table_is_rejected(converted):
+    from litert_quantizer import qtyping, quantizer, recipe
+
+    module, ids, fp32, folder = converted
+    q = quantizer.Quantizer(str(fp32))
+    q.add_weight_only_config(regex=".*", operation_name=qtyping.TFLOperationName.ALL_SUPPORTED, num_bits=16,
+                             algorithm_key=recipe.AlgorithmName.FLOAT_CASTING)
+    q.quantize().export_model(str(folder / "fp16-table.tflite"))
+    check = _check(folder / "fp16-table.tflite", ids)
+    assert check.status == "rejected" and "EMBEDDING_LOOKUP" in check.reason
