@@ -93,6 +93,9 @@ def test_translated_errors_turns_known_errors_into_zoo_errors_for_multirun_jobs(
     (["-m", "model=t5,gqa-llm", "target=litert"], None),  # a valid sweep: every job composes
     (["-m", "model=t5,gqa-llm", "model.seq_len=8"], "Unknown config key 'model.seq_len'"),  # gqa-llm has none
     (["model=t5", "model.variant=nope"], "variant: 'nope' is not one of"),
+    (["model=t5", "model.litert.int8_recipe=int4"], "litert.int8_recipe: 'int4' is not one of"),
+    (["model=gqa-llm", "model.int8_fast_kmeans=fast"], "int8_fast_kmeans: 'fast' is not one of"),
+    (["model=t5", "model.litert.int8_recipe=weight_only", "model.int8_fast_kmeans=safe"], None),
     (["hydra.verbose=true", "hydra/launcher=zoo_joblib"], None),
 ])
 def test_check_overrides_composes_every_job_hydra_would_run(argv, needle):

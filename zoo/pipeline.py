@@ -283,7 +283,8 @@ def _compress_options(cfg) -> dict:
     workers = cfg.get("int8_kmeans_workers")  # null: every core
     return {"int8_group_size": int(cfg.get("int8_group_size", 32)),
             "int8_kmeans_workers": int(workers) if workers else None,
-            "int8_fast_kmeans": str(cfg.get("int8_fast_kmeans", "off"))}
+            "int8_fast_kmeans": str(cfg.get("int8_fast_kmeans", "off")),
+            "int8_recipe": str((cfg.get("litert") or {}).get("int8_recipe", "dynamic"))}
 
 
 def _thresholds(cfg, precision: Precision) -> dict[str, float]:

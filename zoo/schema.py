@@ -58,6 +58,17 @@ class TargetOptions:
 
 
 @dataclass
+class LiteRTOptions(TargetOptions):
+    # int8 recipe (litert-quantizer): "dynamic" = int8 weights and int8 activations quantized per call by
+    # the CPU kernels (dynamic range); "weight_only" = int8 weights dequantized to float, float compute.
+    # weight_only is closer on the CPU (tiny T5 cos 0.99996 vs the dynamic default's gate 0.998) but the
+    # GPU delegate cannot create it ("Shape mismatch {64,1,1,64} vs {1,1,64,64}" on a dequantized FC
+    # weight; SIGSEGV with an int8 lookup table): `zoo convert model=t5 target=litert precision=int8
+    # weights=tiny model.litert.int8_recipe=weight_only`. So "dynamic" stays the default.
+    int8_recipe: str = "dynamic"
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     package: str = MISSING          # the Python package whose SPEC declares the components
@@ -66,9 +77,10 @@ class ModelConfig:
     seed: int = 0
     int8_kmeans_workers: Optional[int] = None  # Core AI int8: k-means processes (null: every core)
     # Core AI int8: "off" clusters exact fp16 weights; "safe" clusters 4-decimal rounded values where that
-    # cannot overflow fp16 (coreai-opt's fast mode, per weight). Off by default: measured ~22% faster per
-    # weight (8.2 s -> 6.4 s, SmolLM2 layer-27 gate_proj) but it moves k-means' result enough to flip the
-    # tiny LLM's int8 token gate (agreement 0.875 -> 0.31, same weight reconstruction error).
+    # cannot overflow fp16 (coreai-opt's fast mode, per weight). Off by default: ~22% faster per weight
+    # (scripts/kmeans_fast_mode_check.py: 8.2 s -> 6.4 s on SmolLM2's layer-27 gate_proj), but on the tiny
+    # LLM it lowered the worst int8 logits cosine from 0.986 to 0.915 at the same weight reconstruction
+    # error (`zoo convert model=gqa-llm target=coreai precision=int8 weights=tiny [model.int8_fast_kmeans=safe]`).
     int8_fast_kmeans: str = "off"
     int8_group_size: int = 32
     peak_rss_mb: Optional[int] = None          # expected peak RSS of one bundle (for launchers that pack by memory)
@@ -81,7 +93,7 @@ class ModelConfig:
     gpu: GpuSection = field(default_factory=GpuSection)
     bench: BenchSection = field(default_factory=BenchSection)
     coreai: TargetOptions = field(default_factory=TargetOptions)
-    litert: TargetOptions = field(default_factory=TargetOptions)
+    litert: LiteRTOptions = field(default_factory=LiteRTOptions)
 
 
 def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[str]:
@@ -125,6 +137,8 @@ def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[
         if precision not in gpu.fp16_rel_tol and precision not in gpu.fp32_only:
             problems.append(f"gpu.fp16_rel_tol.{precision}: missing — give the fp16 GPU tolerance, or declare "
                             f"gpu.fp32_only.{precision}: <why the GPU is only right with enforced fp32>")
+    if cfg.litert.get("int8_recipe", "dynamic") not in ("dynamic", "weight_only"):
+        problems.append(f"litert.int8_recipe: '{cfg.litert.int8_recipe}' is not one of dynamic, weight_only")
     if cfg.get("int8_fast_kmeans", "off") not in ("off", "safe"):
         problems.append(f"int8_fast_kmeans: '{cfg.int8_fast_kmeans}' is not one of off, safe")
     if cfg.variant is not None and cfg.variants and cfg.variant not in cfg.variants:

@@ -295,7 +295,7 @@ class CoreAITarget:
         return convert_programs(entries, exported)
 
     def compress(self, program, precision: Precision, scratch: Path, int8_group_size: int = 32,
-                 int8_kmeans_workers: int | None = None, int8_fast_kmeans: str = "off", progress=None):
+                 int8_kmeans_workers: int | None = None, int8_fast_kmeans: str = "off", progress=None, **_):
         """Returns (program, note); note None means the stage had nothing to do. `progress(done, total)`
         hears of each weight palettized."""
         if precision.name == "int8":

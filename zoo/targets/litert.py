@@ -36,16 +36,25 @@ def convert_entries(entries: list[Entry], out_path: Path) -> Path:
     return out_path
 
 
-def quantize(fp32_path: Path, precision: Precision, out_path: Path, keep_tables_fp32: bool = True) -> tuple[Path, str]:
-    """keep_tables_fp32=False casts lookup tables too (what fp16 did before; the tests' negative control)."""
+def quantize(fp32_path: Path, precision: Precision, out_path: Path, keep_tables_fp32: bool = True,
+             int8_recipe: str = "dynamic") -> tuple[Path, str]:
+    """fp16 or int8 weights from the fp32 .tflite. keep_tables_fp32=False casts lookup tables too (what fp16
+    did before; the tests' negative control). int8_recipe: "dynamic" (int8 activations per call on the CPU)
+    or "weight_only" (int8 weights, float compute)."""
     # litert-quantizer is the maintained successor of ai-edge-quantizer (renamed, same API; byte-identical
     # output on dynamic_wi8, fp16 casting and dynamic_wi4b32 as measured in toolchain.md §5). The old name
     # gets no fixes; it stays installed only because litert-torch 0.10.0 still depends on it.
     from litert_quantizer import qtyping, quantizer, recipe
 
-    if precision.name == "int8":
+    if precision.name == "int8" and int8_recipe == "weight_only":
+        q = quantizer.Quantizer(str(fp32_path))
+        q.add_weight_only_config(regex=".*", operation_name=qtyping.TFLOperationName.ALL_SUPPORTED, num_bits=8)
+        if keep_tables_fp32:
+            _keep_lookup_tables(q)
+        note = "weight-only int8 (litert-quantizer, per channel), weights dequantized to fp32, float compute"
+    elif precision.name == "int8":
         q = quantizer.Quantizer(str(fp32_path), recipe.dynamic_wi8_afp32())
-        note = "dynamic-range int8 weights (litert-quantizer dynamic_wi8_afp32), fp32 activations"
+        note = "dynamic-range int8 weights (litert-quantizer dynamic_wi8_afp32), activations quantized per call"
     elif precision.name == "fp16":
         q = quantizer.Quantizer(str(fp32_path))
         q.add_weight_only_config(
@@ -58,17 +67,22 @@ def quantize(fp32_path: Path, precision: Precision, out_path: Path, keep_tables_
         # the DEQUANTIZE in front of it), which sent every fp16 T5/LLM bundle back to the CPU. Tables stay
         # fp32; everything else is fp16 (tests/test_litert_fp16.py: rejected before, accepted after).
         if keep_tables_fp32:
-            q.update_quantization_recipe(
-                regex=".*",
-                operation_name=qtyping.TFLOperationName.EMBEDDING_LOOKUP,
-                algorithm_key=recipe.AlgorithmName.NO_QUANTIZE,
-            )
+            _keep_lookup_tables(q)
         note = ("fp16 weights (litert-quantizer float casting), lookup tables kept fp32 for the GPU delegate; "
                 "CPU kernels compute in fp32")
     else:
         raise ValueError(precision.name)
     q.quantize().export_model(str(out_path))
     return out_path, note
+
+
+def _keep_lookup_tables(q) -> None:
+    """Leave EMBEDDING_LOOKUP tables fp32 in a weight-only recipe: the GPU delegate refuses a reduced
+    table (fp16: "Empty quantization params")."""
+    from litert_quantizer import qtyping, recipe
+
+    q.update_quantization_recipe(regex=".*", operation_name=qtyping.TFLOperationName.EMBEDDING_LOOKUP,
+                                 algorithm_key=recipe.AlgorithmName.NO_QUANTIZE)
 
 
 class LiteRTTarget:
@@ -95,10 +109,10 @@ class LiteRTTarget:
         ensure_free_space(scratch, max(expected_bundle_bytes(None, e.module) for e in entries))
         return convert_entries(entries, scratch / "fp32.tflite")
 
-    def compress(self, fp32_path: Path, precision: Precision, scratch: Path, **_):
+    def compress(self, fp32_path: Path, precision: Precision, scratch: Path, int8_recipe: str = "dynamic", **_):
         if precision.name in ("fp16", "int8"):
             ensure_free_space(scratch, fp32_path.stat().st_size)  # the compressed copy is never larger
-            return quantize(fp32_path, precision, scratch / f"{precision.name}.tflite")
+            return quantize(fp32_path, precision, scratch / f"{precision.name}.tflite", int8_recipe=int8_recipe)
         return fp32_path, None
 
     def save(self, tflite_path: Path, dest: Path, metadata: dict) -> Path:
