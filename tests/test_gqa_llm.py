@@ -298,7 +298,8 @@ def test_coreai_bf16_matches_eager_bf16_and_stores_bf16(tiny_lm, tiny_prompt, tm
     """bf16 goes through the shared precision wrapper (IOCast + fp32 Linear accumulation); the bundle
     keeps fp32 I/O and fp32 cache states, stores bf16 weights, and tracks eager bf16 on the same graph."""
     from models.gqa_llm.export_coreai import CoreAISession
-    from models.gqa_llm.model import PretransposedLinear, coreai_entries
+    from models.gqa_llm.model import coreai_entries
+    from zoo.targets.coreai_form import PretransposedLinear
 
     from zoo.precision import PRECISIONS
     from zoo.targets.coreai import CoreAITarget

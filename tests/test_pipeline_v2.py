@@ -154,7 +154,7 @@ def test_console_script_is_declared_and_lists_the_make_targets():
     import tomllib
 
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["zoo"] == "zoo.commands:main"
+    assert scripts["zoo"] == "zoo.commands:script"  # main through zoo.cli.end_process
     proc = zoo_cli("--help")
     assert proc.returncode == 0
     for command in ("convert", "list", "bench", "generate", "demo"):

@@ -70,9 +70,10 @@ def test_compression_actually_compresses(bundles):
     from zoo.targets.coreai import CoreAITarget
 
     size = {k: r.bytes for k, r in bundles.items()}
-    # fp16 float-casting halves the matmul/embedding weights but leaves other constants (here the
-    # [1, 4, 128, 128] position bias, a third of the tiny model) in fp32.
-    assert size[("litert", "fp16")] < 0.75 * size[("litert", "fp32")]
+    # fp16 float-casting halves the matmul weights but leaves other constants (here the [1, 4, 128, 128]
+    # position bias, a third of the tiny model) and the lookup table (kept fp32 for the GPU delegate,
+    # zoo/targets/litert.py; a sixth of the tiny model) in fp32: measured 0.795 of fp32.
+    assert size[("litert", "fp16")] < 0.85 * size[("litert", "fp32")]
     assert size[("litert", "int8")] < 0.6 * size[("litert", "fp32")]
     assert size[("litert", "int8")] < size[("litert", "fp16")]
     assert size[("coreai", "bf16")] < 0.7 * size[("coreai", "fp32")]

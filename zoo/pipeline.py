@@ -230,8 +230,9 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
     else:
         with log.stage("export"):
             exported = target.export(entries)
-    with log.stage("convert"):
+    with log.stage("convert") as record:
         artifact = target.convert(entries, exported, scratch)
+        record.note = target.conversion_note(artifact) or record.note
     del exported
     with log.stage("optimize") as record:
         artifact, note = target.compress(artifact, precision, scratch, **_compress_options(cfg),

@@ -58,6 +58,12 @@ class TargetOptions:
 
 
 @dataclass
+class CoreAIOptions(TargetOptions):
+    # Linears stored as W^T (zoo/targets/coreai_form.py): no runtime transpose of a constant per call.
+    pretranspose_linears: bool = True
+
+
+@dataclass
 class LiteRTOptions(TargetOptions):
     # int8 recipe (litert-quantizer): "dynamic" = int8 weights and int8 activations quantized per call by
     # the CPU kernels (dynamic range); "weight_only" = int8 weights dequantized to float, float compute.
@@ -92,7 +98,7 @@ class ModelConfig:
     gates: dict[str, Any] = MISSING                                     # precision -> {metric: threshold}
     gpu: GpuSection = field(default_factory=GpuSection)
     bench: BenchSection = field(default_factory=BenchSection)
-    coreai: TargetOptions = field(default_factory=TargetOptions)
+    coreai: CoreAIOptions = field(default_factory=CoreAIOptions)
     litert: LiteRTOptions = field(default_factory=LiteRTOptions)
 
 

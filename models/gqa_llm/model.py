@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.precision import in_fp32
+from zoo.targets.coreai_form import pretranspose_linears
 from zoo.targets import Entry
 
 # Additive mask value. Finite and inside fp16 range on purpose: with -inf or finfo.min, an fp16
@@ -395,29 +395,6 @@ class GQAForCausalLM(nn.Module):
 # --------------------------------------------------------------------------------------------
 # Weight layout for Core AI
 # --------------------------------------------------------------------------------------------
-class PretransposedLinear(nn.Module):
-    """y = x @ weight_t + bias, with weight_t = W^T stored [in, out].
-
-    nn.Linear exports as permute(W) + mm, and coreai-torch 0.4.3 keeps that permute as a runtime
-    transpose of the constant: on the Linux CPU runtime 241 such transposes took 88% of a
-    SmolLM2 decode step (0.83 of 0.95 s). Storing W^T makes it a plain matmul.
-
-    accumulate_fp32: multiply a reduced-precision weight in fp32 through the shared rule
-    (zoo.precision.in_fp32; the Core AI CPU runtime otherwise accumulates bf16 matmuls in bf16, see
-    zoo.precision.Fp32AccumulateLinear for the measurement).
-    """
-
-    def __init__(self, weight_t: torch.Tensor, bias: torch.Tensor | None, accumulate_fp32: bool = False):
-        super().__init__()
-        self.weight_t = nn.Parameter(weight_t, requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self.accumulate_fp32 = accumulate_fp32
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = in_fp32(torch.matmul, x, self.weight_t) if self.accumulate_fp32 else x @ self.weight_t
-        return y if self.bias is None else y + self.bias
-
-
 class TransposedEmbedding(nn.Module):
     """Embedding lookup from a [hidden, vocab] table, so a tied LM head and the embedding share
     one pre-transposed constant instead of storing the 49152 x 576 table twice."""
@@ -432,28 +409,13 @@ class TransposedEmbedding(nn.Module):
 
 
 def with_pretransposed_weights(lm: GQAForCausalLM) -> GQAForCausalLM:
-    """A copy of `lm` whose Linear layers (and tied embedding) hold W^T; numerics are identical.
-
-    Norm weights and RoPE tables are shared with `lm`, not copied; the original is untouched.
-    Linears already wrapped by zoo.precision.Fp32AccumulateLinear (reduced precision with
-    `fp32_linear_accumulation`) keep multiplying in fp32.
-    """
-    import copy
-
-    from zoo.precision import Fp32AccumulateLinear
-
-    memo = {id(t): t for t in list(lm.parameters()) + list(lm.buffers())}
-    out = copy.deepcopy(lm, memo)
-    with torch.no_grad():
-        for parent in list(out.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, (nn.Linear, Fp32AccumulateLinear)) and child is not out.lm_head:  # lm_head: below
-                    setattr(parent, name, PretransposedLinear(child.weight.t().contiguous(), child.bias,
-                                                              isinstance(child, Fp32AccumulateLinear)))
-        out.lm_head = PretransposedLinear(lm.lm_head.weight.t().contiguous(), None,
-                                          isinstance(lm.lm_head, Fp32AccumulateLinear))
-        if lm.cfg.tie_embeddings:  # the same Parameter object: exported as one constant
-            out.model.embed_tokens = TransposedEmbedding(out.lm_head.weight_t)
+    """A copy of `lm` whose Linear layers hold W^T (the Core AI target's shared pass,
+    zoo/targets/coreai_form.py: 241 runtime transposes took 88% of a SmolLM2 decode step) and whose tied
+    embedding reads the LM head's W^T, so the 49152 x 576 table is stored once. Numerics are identical;
+    `lm` is untouched. Idempotent: a module the target already prepared keeps its layers."""
+    out, _ = pretranspose_linears(lm)
+    if lm.cfg.tie_embeddings:  # the same Parameter object: exported as one constant
+        out.model.embed_tokens = TransposedEmbedding(out.lm_head.weight_t)
     return out
 
 

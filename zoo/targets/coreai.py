@@ -23,6 +23,7 @@ import torch
 
 from zoo.errors import ZooError
 from zoo.precision import Precision, cast_for_export
+from zoo.targets.coreai_form import op_histogram, pretranspose_linears
 from zoo.targets import TARGET_PRECISIONS, Entry
 
 warnings.filterwarnings("ignore", message=".*validated with torch.*")
@@ -284,9 +285,22 @@ class CoreAITarget:
 
         `options.fp32_linear_accumulation`: keep Linear weights in the reduced dtype but multiply in fp32
         (see zoo.precision.Fp32AccumulateLinear for the measurement behind it).
+        `options.pretranspose_linears` (default on): Linears stored as W^T, so the runtime multiplies
+        instead of transposing a constant on every call (zoo/targets/coreai_form.py).
         """
         options = options or {}
-        return cast_for_export(module, precision.dtype, bool(options.get("fp32_linear_accumulation", False)))
+        module = cast_for_export(module, precision.dtype, bool(options.get("fp32_linear_accumulation", False)))
+        if options.get("pretranspose_linears", True):  # the runtime's fast form (zoo/targets/coreai_form.py)
+            module, _ = pretranspose_linears(module)
+        return module
+
+    def conversion_note(self, program) -> str:
+        """The op counts the graph form pass exists to change, for the convert stage's line in the report."""
+        counts = op_histogram(program)
+        total = sum(n for op, n in counts.items() if op not in ("module", "graph", "output", "constant"))
+        return (f"{total} ops: transpose {counts.get('transpose', 0)}, "
+                f"broadcasting_batch_matmul {counts.get('broadcasting_batch_matmul', 0)}, "
+                f"batch_matmul {counts.get('batch_matmul', 0)}")
 
     def export(self, entries: list[Entry]):
         return [export_entry(e) for e in entries]

@@ -109,6 +109,9 @@ class LiteRTTarget:
         ensure_free_space(scratch, max(expected_bundle_bytes(None, e.module) for e in entries))
         return convert_entries(entries, scratch / "fp32.tflite")
 
+    def conversion_note(self, artifact) -> None:
+        return None  # the op list is in the GPU check's report section
+
     def compress(self, fp32_path: Path, precision: Precision, scratch: Path, int8_recipe: str = "dynamic", **_):
         if precision.name in ("fp16", "int8"):
             ensure_free_space(scratch, fp32_path.stat().st_size)  # the compressed copy is never larger
