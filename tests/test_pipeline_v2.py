@@ -47,8 +47,28 @@ def test_two_component_model_converts_and_benches_on_both_targets(tmp_path):
     rows = {(r["component"], r["target"]) for r in data["rows"]}
     assert rows == {(c, t) for c in ("encoder", "head") for t in ("coreai", "litert")}
     assert all(r["measure"]["latency_ms"] > 0 and r["measure"]["eager_ms"] > 0 for r in data["rows"])
+    # the raw converter's artifact (upstream module as is), timed in the same process as ours; where upstream
+    # does not convert the cell says why (two-stage's reference encoder uses torch.var: aten.var.correction
+    # has no Core AI lowering, which is why the zoo's form exists)
+    raw = {(r["component"], r["target"]): r["measure"]["raw_ms"] for r in data["rows"]}
+    assert raw[("encoder", "coreai")].startswith("does not convert: ValueError") and "aten.var" in raw[("encoder", "coreai")]
+    assert all(v > 0 for k, v in raw.items() if k != ("encoder", "coreai"))
     readme = (tmp_path / "bench" / "README.md").read_text()
-    assert "**encoder**" in readme and "**head**" in readme and "latency ms" in readme
+    assert "**encoder**" in readme and "**head**" in readme and "latency ms" in readme and "vs raw" in readme
+
+
+def test_raw_converter_that_fails_says_so_in_its_cell(tmp_path, monkeypatch):
+    """Where upstream does not convert, the bench's cell says so (and why) instead of a number."""
+    from zoo import bench
+    from zoo.targets.coreai import CoreAITarget
+
+    def refuses(self, entries, exported, scratch):
+        raise RuntimeError("unsupported op aten::weird\nmore detail")
+
+    monkeypatch.setenv("ZOO_MODEL_PATH", str(EXTRA_MODELS))
+    monkeypatch.setattr(CoreAITarget, "convert", refuses)
+    cell = bench.convert_raw("two-stage", [], "head", "coreai", str(tmp_path))
+    assert cell == {"reason": "does not convert: RuntimeError: unsupported op aten::weird"}
 
 
 def test_gpu_fp16_collapse_fails_the_bundle(tmp_path):

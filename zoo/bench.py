@@ -51,29 +51,67 @@ def median_ms(fn, repeats: int) -> float:
 
 
 def measure_latency(ctx: MeasureContext) -> dict:
-    """The default measure: eager reference, then the saved artifact through the component's session,
-    median of `repeats` calls each, back to back on the same inputs (both see the same machine load)."""
+    """The default measure: eager reference, the raw converter's artifact (if the bench made one for this
+    target), then the saved bundle through the component's session — median of `repeats` calls each, back
+    to back on the same inputs, so all three see the same machine load and the ratios are fair."""
     reference = ctx.component.reference(ctx.checkpoint, ctx.cfg)
     with torch.no_grad():
         eager = median_ms(lambda: reference(*ctx.inputs.values()), ctx.repeats)
     target = get_target(ctx.target)
+    arrays = to_numpy(ctx.inputs)
+    raw = (ctx.header.get("raw_artifacts") or {}).get(ctx.target) or {"reason": "not measured"}
+    if "path" in raw:
+        with target.open(Path(raw["path"])) as runner:
+            raw_ms = median_ms(lambda: runner.run("main", arrays), ctx.repeats)
     runner = target.open(ctx.bundle / target.artifact)
     try:
         with ctx.component.session(runner, ctx.target) as session:
-            arrays = to_numpy(ctx.inputs)
             latency = median_ms(lambda: session.run(arrays), ctx.repeats)
     finally:
         runner.close()
-    return {"latency_ms": round(latency, 2), "eager_ms": round(eager, 2), "latency_vs_eager": round(latency / eager, 3)}
+    row = {"latency_ms": round(latency, 2), "eager_ms": round(eager, 2), "latency_vs_eager": round(latency / eager, 3)}
+    if "path" in raw:
+        row.update(raw_ms=round(raw_ms, 2), latency_vs_raw=round(latency / raw_ms, 3))
+    else:
+        row.update(raw_ms=raw["reason"], latency_vs_raw="–")
+    return row
 
 
 LATENCY = Measure(
     run=measure_latency,
-    columns=[("latency_ms", "latency ms"), ("eager_ms", "eager ms"), ("latency_vs_eager", "vs eager")],
+    columns=[("latency_ms", "latency ms"), ("eager_ms", "eager ms"), ("latency_vs_eager", "vs eager"),
+             ("raw_ms", "raw converter ms"), ("latency_vs_raw", "vs raw")],
     describe="latency = median of the configured repeats after one warm-up, one call of the saved artifact "
              "on this machine's runtime; eager = the upstream module in fp32 on the same inputs, timed "
-             "right before it",
+             "right before it; raw converter = the upstream module converted as is (no zoo rewrites or "
+             "passes) by the same target at fp32, timed in between",
 )
+
+
+def convert_raw(model: str, overrides: list[str], component_name: str, target_name: str, out: str) -> dict:
+    """The upstream module (the component's `reference`) through the target's converter as is, at fp32:
+    the baseline our artifact must beat. Meant for a fresh process. Returns {"path": artifact}, or
+    {"reason": one line saying why upstream does not convert} (that line is the table cell)."""
+    import zoo.quiet  # noqa: F401  (a spawned interpreter starts bare)
+    from zoo.targets import Entry
+
+    cfg = bench_config(model, overrides)
+    spec = get_spec(cfg)
+    component = spec.component(component_name)
+    checkpoint = resolve(cfg, bench_weights(cfg, overrides), spec.tiny_dir, spec.random_checkpoint,
+                         embedded=spec.embedded)
+    target = get_target(target_name)
+    entry = Entry("main", component.reference(checkpoint, cfg), component.example_inputs(checkpoint, cfg),
+                  list(component.output_names))
+    dest = Path(out) / f"raw-{component.name}-{target_name}"
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        exported = None if target.export_skip_reason else target.export([entry])
+        artifact = target.convert([entry], exported, dest)
+        return {"path": str(target.save(artifact, dest, {}))}
+    except Exception as exc:  # noqa: BLE001 — upstream not converting is a measured fact, shown in the table
+        first = (str(exc).strip().splitlines() or [""])[0][:120]
+        return {"reason": f"does not convert: {type(exc).__name__}: {first}"}
 
 
 def measure_of(component) -> Measure:
@@ -171,6 +209,9 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
     with tempfile.TemporaryDirectory(prefix="zoo-bench-") as out:
         for component in selected:
             for target in requested(overrides, "target") or TARGET_NAMES:
+                if measure_of(component) is LATENCY:  # a one-shot component: time upstream's own conversion too
+                    raw = in_fresh_process(convert_raw, model, overrides, component.name, target, out)
+                    headers[component.name].setdefault("raw_artifacts", {})[target] = raw
                 fp32_bytes = None
                 wanted = requested(overrides, "precision")
                 for precision in [p for p in get_target(target).precisions if not wanted or p in wanted]:
@@ -200,7 +241,8 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
             "gates": {p: {k: float(v) for k, v in t.items()} for p, t in cfg.gates.items()},
         },
         "measures": {c.name: {"describe": measure_of(c).describe,
-                              "header": {k: v for k, v in headers[c.name].items() if k != "prompt_ids"}}
+                              "header": {k: v for k, v in headers[c.name].items()
+                                         if k not in ("prompt_ids", "raw_artifacts")}}
                      for c in selected},
         "rows": rows,
     }
