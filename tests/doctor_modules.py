@@ -65,3 +65,85 @@ def clean():
 
 def not_a_pair():
     return nn.Linear(2, 2)
+
+
+class WindowMixer(nn.Module):
+    """Swin-style window partition (a rank-6 view/permute) around a per-window channel mix."""
+
+    def __init__(self, dim=8, window=2):
+        super().__init__()
+        self.window = window
+        self.mix = nn.Linear(dim, dim)
+
+    def forward(self, x):  # x: [B, H, W, C]
+        b, h, w, c = x.shape
+        s = self.window
+        windows = x.view(b, h // s, s, w // s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, s * s, c)
+        mixed = self.mix(windows)
+        return mixed.view(b, h // s, w // s, s, s, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+
+
+class WideMLP(nn.Module):
+    """A wide hidden layer with its own RMSNorm and a hand-written long-K down projection (x @ W), fed
+    activations of the scale large LLM residual streams reach (|h| ~ 300, so h² passes fp16's 65504)."""
+
+    def __init__(self, dim=64, hidden=4096):
+        super().__init__()
+        self.up = nn.Linear(dim, hidden)
+        self.gain = nn.Parameter(torch.ones(hidden))
+        self.down = nn.Parameter(torch.randn(hidden, dim) / hidden ** 0.5)
+
+    def rms_norm(self, h):
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.gain
+
+    def forward(self, x):
+        h = self.up(x) * 512.0
+        return torch.matmul(self.rms_norm(h), self.down)
+
+
+class SpanGate(nn.Module):
+    """Keeps the positions inside [start, start + width): an int64 comparison chain from arange."""
+
+    def __init__(self, width=4):
+        super().__init__()
+        self.width = width
+
+    def forward(self, x, start):  # x: [B, L, C], start: [B, 1] int32
+        pos = torch.arange(x.shape[1])[None, :]
+        keep = (pos >= start) & (pos < start + self.width)
+        return x * keep[:, :, None].to(x.dtype)
+
+
+class LatentPool(nn.Module):
+    """Perceiver-style pooling onto learned latents from a single summary token: the softmax runs over a
+    length-1 key axis (LiteRT#9192: a DIV with identical inputs)."""
+
+    def __init__(self, dim=16, latents=4):
+        super().__init__()
+        self.latents = nn.Parameter(torch.randn(1, latents, dim))
+        self.key = nn.Linear(dim, dim)
+        self.value = nn.Linear(dim, dim)
+
+    def forward(self, x):  # x: [B, L, C]
+        summary = x.mean(1, keepdim=True)
+        scores = self.latents @ self.key(summary).transpose(1, 2) / 4.0  # [B, latents, 1]
+        return F.softmax(scores, dim=-1) @ self.value(summary) + self.latents
+
+
+def window():
+    torch.manual_seed(0)
+    return WindowMixer().eval(), (_x(1, 4, 4, 8),)
+
+
+def wide():
+    torch.manual_seed(0)
+    return WideMLP().eval(), (_x(1, 4, 64),)
+
+
+def span():
+    return SpanGate().eval(), (_x(1, 8, 4), torch.tensor([[2]], dtype=torch.int32))
+
+
+def pool():
+    torch.manual_seed(0)
+    return LatentPool().eval(), (_x(1, 6, 16),)

@@ -287,13 +287,18 @@ def _detect_layer_norm_half(node, ctx):
 _MATMULS = (aten.mm, aten.bmm, aten.matmul, aten.addmm, aten.linear, aten.baddbmm)
 
 
+def _contraction(node):
+    """(left operand, K) of a matmul-family node: the length each dot product accumulates over."""
+    a = node.args[1] if _is(node, aten.addmm, aten.baddbmm) else node.args[0]
+    return a, (_val(a).shape[-1] if _rank(a) >= 1 else 0)
+
+
 def _detect_long_k(node, ctx):
     if not _is(node, *_MATMULS):
         return None
-    a = node.args[1] if _is(node, aten.addmm, aten.baddbmm) else node.args[0]
-    if _dtype(a) not in HALF or _rank(a) < 1:
+    a, k = _contraction(node)
+    if _dtype(a) not in HALF:
         return None
-    k = _val(a).shape[-1]
     return f"K={k} accumulated in {str(_dtype(a)).replace('torch.', '')}" if k >= LONG_K else None
 
 
@@ -393,8 +398,8 @@ RULES: list[Rule] = [
          keep=(aten.layer_norm, aten.native_layer_norm, aten.group_norm, aten.native_group_norm)),
     Rule("long-k-half-matmul", "silent", (LITERT_GPU, COREAI),
          f"a matmul whose contraction is >= {LONG_K} long accumulates in half precision: ~1e-2 relative error",
-         "split K: zoo.rewrites.fp16.split_k_linear (automatic for F.linear / nn.Linear), or keep the projection "
-         "in fp32 (fp32_linear_accumulation)", _detect_long_k),
+         "split K: zoo.rewrites.fp16.split_k_linear / split_k_matmul (automatic for linear, matmul, mm, bmm, "
+         "addmm), or keep the projection in fp32 (fp32_linear_accumulation)", _detect_long_k),
     Rule("int64-compare-chain", "silent", (COREAI,),
          "bool chains of int64 comparisons clobber unrelated live buffers on the Core AI GPU",
          "build the mask in float arithmetic, e.g. 1 - (x - x.clamp(lo, hi)).abs().clamp(max=1) on x.float()",
@@ -695,6 +700,20 @@ def _decomp_linear(x, weight, bias=None):
     return split_k_linear(x, weight, bias)
 
 
+def _decomp_matmul(a, b):
+    from zoo.rewrites.fp16 import split_k_matmul
+
+    return split_k_matmul(a, b)
+
+
+def _decomp_addmm(bias, a, b, *, beta=1, alpha=1):
+    from zoo.rewrites.fp16 import split_k_matmul
+
+    out = split_k_matmul(a, b)
+    out = out if alpha == 1 else out * alpha
+    return out + (bias if beta == 1 else bias * beta)
+
+
 # rule id -> {ATen overload: decomposition}
 FIX_DECOMPOSITIONS = {
     "grid-sample": {aten.grid_sampler_2d.default: _decomp_grid_sampler_2d,
@@ -706,7 +725,9 @@ FIX_DECOMPOSITIONS = {
     "remainder-scalar": {aten.remainder.Scalar: _decomp_remainder_scalar},
     "softmax-len1": {aten._softmax.default: _decomp_softmax, aten.softmax.int: _decomp_softmax},
     "half-layer-norm": {aten.layer_norm.default: _decomp_layer_norm},
-    "long-k-half-matmul": {aten.linear.default: _decomp_linear},
+    "long-k-half-matmul": {aten.linear.default: _decomp_linear, aten.matmul.default: _decomp_matmul,
+                           aten.mm.default: _decomp_matmul, aten.bmm.default: _decomp_matmul,
+                           aten.addmm.default: _decomp_addmm},
 }
 # Where a decomposition exists only for some arguments: grid_sample's clean form is bilinear with
 # zeros/border padding; other modes stay (and stay reported).
@@ -717,7 +738,7 @@ FIX_GUARDS = {aten.grid_sampler_2d.default: lambda node: node.args[2] == 0 and n
 # The half-precision rules fire on half dtypes, but the fix is made on the fp32 graph (the module the
 # user keeps): match those by shape alone.
 FIX_MATCH = {
-    "long-k-half-matmul": lambda node, ctx: _is(node, aten.linear) and _val(node.args[0]).shape[-1] >= LONG_K,
+    "long-k-half-matmul": lambda node, ctx: _is(node, *_MATMULS) and _contraction(node)[1] >= LONG_K,
     "half-layer-norm": lambda node, ctx: _is(node, aten.layer_norm),
 }
 
@@ -803,17 +824,20 @@ def _match_rms(node):
 
 def float_compare(op: str, a, b) -> torch.Tensor:
     """A 0/1 float mask for `a op b` on integer values, by arithmetic only (the seed's fix for int64
-    comparison chains): exact while |a - b| < 2**24."""
+    comparison chains): exact while |a - b| < 2**24. The clamps are zoo.rewrites' clamp01, not
+    clamp(0, 1): that one lowers to RELU_0_TO_1, which the LiteRT GPU delegate rejects."""
+    from zoo.rewrites.activations import clamp01
+
     d = (a.float() if isinstance(a, torch.Tensor) else float(a)) - (b.float() if isinstance(b, torch.Tensor) else float(b))
     if op == "gt":
-        return torch.clamp(d, 0.0, 1.0)
+        return clamp01(d)
     if op == "ge":
-        return torch.clamp(d + 1.0, 0.0, 1.0)
+        return clamp01(d + 1.0)
     if op == "lt":
-        return torch.clamp(-d, 0.0, 1.0)
+        return clamp01(-d)
     if op == "le":
-        return torch.clamp(1.0 - d, 0.0, 1.0)
-    ne = torch.clamp(torch.abs(d), 0.0, 1.0)
+        return clamp01(1.0 - d)
+    ne = clamp01(torch.abs(d))
     return ne if op == "ne" else 1.0 - ne
 
 
