@@ -1113,6 +1113,8 @@ def pipeline_note(findings: list[Finding]) -> str:
 def load_factory(spec: str):
     """`pkg.mod:factory` -> (module, example_inputs) from calling the factory."""
     mod_name, _, attr = spec.partition(":")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # as `python -m` does: the `zoo` console script does not
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
