@@ -524,7 +524,8 @@ def _user_frame(exc: BaseException) -> str:
 
 
 def _is_library_file(filename: str) -> bool:
-    return any(part in filename for part in ("/torch/", "/site-packages/", "zoo/doctor.py", "<frozen"))
+    # "<eval_with_key>": the generated code of a GraphModule (a graph fixed by `fix`), never the user's
+    return any(part in filename for part in ("/torch/", "/site-packages/", "zoo/doctor.py", "<frozen", "<eval_with_key"))
 
 
 def source_line(node: fx.Node) -> str:
@@ -952,8 +953,17 @@ class Proof:
     def ok(self, tol: float) -> bool:
         ok = self.converted and self.max_abs_error is not None and self.max_abs_error <= tol and not self.lint
         if self.gpu is not None:
-            ok = ok and self.gpu["status"] == "accepted" and (self.gpu["fp32_rel_err"] or 0.0) <= tol
+            ok = ok and self.gpu["status"] == "accepted" and (self.gpu["fp32_rel_err"] or 0.0) <= tol and self.fp16_ok()
         return ok
+
+    def fp16_ok(self) -> bool:
+        """The GPU's default fp16 compute within zoo.divergence.FP16_TOLERANCE of its CPU (when it ran)."""
+        from zoo.divergence import FP16_TOLERANCE
+
+        if self.gpu is None or self.gpu["status"] != "accepted":
+            return True
+        value = self.gpu["fp16_rel_err"]
+        return value is not None and float(value) <= FP16_TOLERANCE  # NaN fails
 
     def format(self) -> str:
         if not self.converted:
@@ -1291,8 +1301,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         module, inputs = load_factory(args.subject)
         findings = diagnose(module, inputs, targets, precision=args.precision, ignore=args.ignore)
-        if (args.fix or args.prove) and findings:
-            findings, proven = report_fix(module, inputs, targets, args.precision, args.prove, args.workdir)
+        if args.fix or args.prove:
+            findings, proven = report_fix(module, inputs, targets, args.precision, args.prove, args.workdir,
+                                         args.ignore)
             code = print_findings(args.subject, findings)
             return code if proven else 1
     return print_findings(args.subject, findings)
@@ -1315,26 +1326,63 @@ def print_findings(subject: str, findings: list[Finding]) -> int:
 PROVE_TOLERANCE = 1e-4  # artifact vs original, relative to max(1, max|output|): the "approximate" class
 
 
-def report_fix(module, inputs, targets, precision, prove_it: bool = False, workdir=None):
-    """--fix: apply the graph-level fixes, show what changed and how far outputs moved; --prove: convert and
-    check each target. Returns (findings left, every proof passed)."""
+def report_fix(module, inputs, targets, precision, prove_it: bool = False, workdir=None, ignore=()):
+    """--fix: apply the graph-level fixes, show what changed and how far outputs moved, and where fp16 first
+    goes wrong if it does; --prove: convert and check each target. Returns (findings left, all proven)."""
     import tempfile
 
-    result = fix(module, inputs, targets, precision=precision)
+    result = fix(module, inputs, targets, precision=precision, only=[r for r in FIXABLE if r not in set(ignore)])
     with torch.no_grad():
         reference = module(*inputs)
         diff = max_abs_difference(reference, result.module(*inputs))
     for rule, count in sorted(result.applied.items()):
         print(f"fixed  {rule}: {count} place(s)")
     print(f"fixed graph vs original: max |diff| {diff:.3g}")
+    fp16_ok = report_fp16(module, result.module, inputs, targets, precision)
     if not prove_it:
-        return result.after, True
+        return result.after, fp16_ok
     scale = max([1.0] + [float(t.abs().max()) for t in torch.utils._pytree.tree_leaves(reference) if t.numel()])
     with tempfile.TemporaryDirectory(prefix="zoo-doctor-") as tmp:
         proofs = prove(module, result.module, inputs, targets, Path(workdir or tmp))
-    for proof in proofs:
-        print(proof.format())
-    return result.after, all(p.ok(PROVE_TOLERANCE * scale) for p in proofs)
+        for proof in proofs:
+            print(proof.format())
+            if proof.gpu and not proof.fp16_ok():  # the device's own fp16 numbers: where do they start to go?
+                _print_divergence(result.module, inputs, mode="gpu", workdir=Path(workdir or tmp) / "taps")
+    return result.after, fp16_ok and all(p.ok(PROVE_TOLERANCE * scale) for p in proofs)
+
+
+def report_fp16(original, fixed, inputs, targets, precision) -> bool:
+    """Where half precision matters (a half `precision`, or the LiteRT GPU, which computes in fp16 by
+    default): the fixed graph cast to fp16 (torch on the CPU) vs the original in fp32; when it is off, the
+    first intermediate that diverges. Returns whether it is within zoo.divergence.FP16_TOLERANCE."""
+    from zoo.divergence import FP16_TOLERANCE, relative_errors
+    from zoo.precision import cast_for_export
+
+    if precision == "fp32" and LITERT_GPU not in targets:
+        return True
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    with torch.no_grad():
+        want = [t.float().numpy() for t in torch.utils._pytree.tree_leaves(original(*inputs))]
+        got = [t.float().numpy() for t in torch.utils._pytree.tree_leaves(
+            cast_for_export(copy.deepcopy(fixed), dtype)(*inputs))]
+    error = max(relative_errors(got, want), default=0.0)
+    ok = error <= FP16_TOLERANCE
+    print(f"fp16 (torch, CPU) vs original: rel err {error:.3g} ({'within' if ok else 'above'} {FP16_TOLERANCE:g})")
+    if not ok:
+        _print_divergence(fixed, inputs, mode="emulate")
+    return ok
+
+
+def _print_divergence(module, inputs, mode: str, workdir: Path | None = None) -> None:
+    from zoo.divergence import first_divergence
+
+    try:
+        found = first_divergence(module, inputs, mode=mode, workdir=workdir)
+    except ExportFailure as failure:
+        print(f"locate fp16: the graph does not export ({_first_line(failure.exc)})")
+        return
+    print(f"locate {'(GPU) ' if mode == 'gpu' else ''}" + (found.format() if found else
+          "no intermediate exceeds the fp16 tolerance on its own: the error accumulates across ops"))
 
 
 if __name__ == "__main__":
