@@ -109,6 +109,9 @@ class Context:
     # constants (a tril mask built from arange) is folded by the converter and never runs
     input_derived: frozenset = frozenset()
 
+    # node -> max |value| it had on the example inputs, for the nodes a rule asks about (VALUE_WATCH)
+    peaks: dict = dataclasses.field(default_factory=dict)
+
     def depends_on_input(self, node) -> bool:
         return node in self.input_derived
 
@@ -302,6 +305,83 @@ def _detect_long_k(node, ctx):
     return f"K={k} accumulated in {str(_dtype(a)).replace('torch.', '')}" if k >= LONG_K else None
 
 
+# A plain reduction over at least this many values in half precision: the seed reports the accumulator
+# overflowing on phones (a mean of 4096 values of 200 sums to 819200 > 65504); lavapipe kept it exact
+# (toolchain.md §4), so the rule follows the seed and the norms' own threshold (zoo.rewrites.norms).
+LONG_REDUCTION = 4096
+_REDUCTIONS = (aten.mean, aten.sum)
+
+
+def _reduced_count(node) -> int:
+    shape = _val(node.args[0]).shape
+    dims = _arg(node, 1, "dim", None)
+    if not dims:
+        return shape.numel()
+    dims = [dims] if isinstance(dims, int) else dims
+    n = 1
+    for d in dims:
+        n *= shape[d % len(shape)]
+    return n
+
+
+def _detect_long_half_reduction(node, ctx):
+    """mean/sum over >= LONG_REDUCTION values computed in half precision. A mean of x² is the norm
+    rules' business (half-rms-norm), not this one's."""
+    if not _is(node, *_REDUCTIONS) or _dtype(node.args[0]) not in HALF or _squared(node.args[0]) is not None:
+        return None
+    n = _reduced_count(node)
+    if n < LONG_REDUCTION:
+        return None
+    return f"{node.target.overloadpacket.__name__} over {n} values in {str(_dtype(node.args[0])).replace('torch.', '')}"
+
+
+# fp16 spaces values 2**(e-10) apart: at |x| = 64 the angle itself is only known to 1/32 rad, past 256 to
+# 1/8 rad (sin(1000) in fp16 is sin(1000 +- 0.25)). Rotary/sinusoidal angles (position x frequency) reach
+# thousands.
+TRIG_MAX_ARG = 64.0
+_TRIG = (aten.sin, aten.cos)
+
+
+def _detect_half_trig(node, ctx):
+    """sin/cos computed in half precision of an argument that reached |x| > TRIG_MAX_ARG on the example
+    inputs (the peak is measured on the exported graph, so a constant table counts as much as a runtime
+    angle)."""
+    if not _is(node, *_TRIG) or _dtype(node.args[0]) not in HALF:
+        return None
+    peak = ctx.peaks.get(node.args[0])
+    if peak is None or peak <= TRIG_MAX_ARG:
+        return None
+    return f"{node.target.overloadpacket.__name__} of |x| up to {peak:.4g} in {str(_dtype(node.args[0])).replace('torch.', '')}"
+
+
+def watched_peaks(ep, example_inputs: tuple, kwargs: dict | None) -> dict:
+    """max |value| of every sin/cos argument on the example inputs, from one run of the exported graph
+    (only when the graph has half-precision sin/cos: no cost otherwise). Empty if the run fails: a lint
+    that cannot measure stays quiet rather than guess."""
+    watched = {n.args[0] for n in ep.graph.nodes if _is(n, *_TRIG) and _dtype(n.args[0]) in HALF}
+    if not watched:
+        return {}
+    user = iter(torch.utils._pytree.tree_leaves((tuple(example_inputs), dict(kwargs or {}))))
+    tensors = {**ep.state_dict, **ep.constants}
+    try:
+        args = [next(user) if spec.kind.name == "USER_INPUT" else tensors[spec.target]
+                for spec in ep.graph_signature.input_specs]
+        peaks = {}
+
+        class Recorder(fx.Interpreter):
+            def run_node(self, node):
+                out = super().run_node(node)
+                if node in watched and isinstance(out, torch.Tensor):
+                    peaks[node] = float(out.detach().float().abs().max())
+                return out
+
+        with torch.no_grad():
+            Recorder(ep.graph_module).run(*args)
+        return peaks
+    except Exception:  # noqa: BLE001 — see docstring
+        return {}
+
+
 _COMPARISONS = (aten.lt, aten.le, aten.gt, aten.ge, aten.eq, aten.ne)
 _LOGICAL = (aten.logical_and, aten.logical_or, aten.bitwise_and, aten.bitwise_or, aten.mul, aten.__and__, aten.__or__)
 
@@ -400,6 +480,15 @@ RULES: list[Rule] = [
          f"a matmul whose contraction is >= {LONG_K} long accumulates in half precision: ~1e-2 relative error",
          "split K: zoo.rewrites.fp16.split_k_linear / split_k_matmul (automatic for linear, matmul, mm, bmm, "
          "addmm), or keep the projection in fp32 (fp32_linear_accumulation)", _detect_long_k),
+    Rule("long-half-reduction", "silent", (LITERT_GPU, COREAI),
+         f"a sum/mean over >= {LONG_REDUCTION} values in half precision: its accumulator passes fp16's 65504 "
+         "(seed: phones; 4096 values of 200 sum to 819200)",
+         "hierarchical_reduce (zoo.rewrites.norms): reduce in stages of 32 values", _detect_long_half_reduction),
+    Rule("half-trig-large-arg", "silent", (LITERT_GPU, COREAI),
+         f"sin/cos in half precision of an angle past |x| = {TRIG_MAX_ARG:g}: fp16 keeps the angle only to "
+         "~1/32 rad there (1/8 rad past 256), so rotary/sinusoidal embeddings drift",
+         "compute the angle and its sin/cos in fp32 (keep the table an fp32 buffer, or precompute cos/sin "
+         "tables), then cast", _detect_half_trig),
     Rule("int64-compare-chain", "silent", (COREAI,),
          "bool chains of int64 comparisons clobber unrelated live buffers on the Core AI GPU",
          "build the mask in float arithmetic, e.g. 1 - (x - x.clamp(lo, hi)).abs().clamp(max=1) on x.float()",
@@ -525,7 +614,8 @@ def _user_frame(exc: BaseException) -> str:
 
 def _is_library_file(filename: str) -> bool:
     # "<eval_with_key>": the generated code of a GraphModule (a graph fixed by `fix`), never the user's
-    return any(part in filename for part in ("/torch/", "/site-packages/", "zoo/doctor.py", "<frozen", "<eval_with_key"))
+    return any(part in filename for part in ("/torch/", "/site-packages/", "zoo/doctor.py", "zoo/precision.py",
+                                             "<frozen", "<eval_with_key"))
 
 
 def source_line(node: fx.Node) -> str:
@@ -550,8 +640,9 @@ def input_derived(graph: fx.Graph, user_inputs: Iterable[str]) -> frozenset:
     return frozenset(derived)
 
 
-def lint_graph(graph: fx.Graph, target: str, rules: Sequence[Rule], user_inputs: Iterable[str] = ()) -> list[Finding]:
-    ctx = Context(target, set(), input_derived(graph, user_inputs))
+def lint_graph(graph: fx.Graph, target: str, rules: Sequence[Rule], user_inputs: Iterable[str] = (),
+               peaks: dict | None = None) -> list[Finding]:
+    ctx = Context(target, set(), input_derived(graph, user_inputs), peaks or {})
     findings = []
     for rule in rules:  # pattern rules first (list order): they claim the nodes they explain
         if target not in rule.targets:
@@ -591,7 +682,9 @@ def diagnose(module: nn.Module, example_inputs: Sequence, targets: Sequence[str]
         except ExportFailure as failure:
             return [failure.finding()]
         ep = graphs[table_key]
-        findings += lint_graph(ep.graph, target, rules, ep.graph_signature.user_inputs)
+        if (table_key, "peaks") not in graphs:
+            graphs[(table_key, "peaks")] = watched_peaks(ep, example_inputs, kwargs)
+        findings += lint_graph(ep.graph, target, rules, ep.graph_signature.user_inputs, graphs[(table_key, "peaks")])
     return merge_targets(findings)
 
 
@@ -701,6 +794,20 @@ def _decomp_linear(x, weight, bias=None):
     return split_k_linear(x, weight, bias)
 
 
+def _decomp_mean(x, dim=None, keepdim=False, *, dtype=None):
+    from zoo.rewrites.norms import hierarchical_reduce
+
+    out = hierarchical_reduce(x, dim, keepdim, "mean")
+    return out if dtype is None else out.to(dtype)
+
+
+def _decomp_sum(x, dim=None, keepdim=False, *, dtype=None):
+    from zoo.rewrites.norms import hierarchical_reduce
+
+    out = hierarchical_reduce(x, dim, keepdim, "sum")
+    return out if dtype is None else out.to(dtype)
+
+
 def _decomp_matmul(a, b):
     from zoo.rewrites.fp16 import split_k_matmul
 
@@ -726,6 +833,8 @@ FIX_DECOMPOSITIONS = {
     "remainder-scalar": {aten.remainder.Scalar: _decomp_remainder_scalar},
     "softmax-len1": {aten._softmax.default: _decomp_softmax, aten.softmax.int: _decomp_softmax},
     "half-layer-norm": {aten.layer_norm.default: _decomp_layer_norm},
+    "long-half-reduction": {aten.mean.dim: _decomp_mean, aten.mean.default: _decomp_mean,
+                            aten.sum.dim_IntList: _decomp_sum, aten.sum.default: _decomp_sum},
     "long-k-half-matmul": {aten.linear.default: _decomp_linear, aten.matmul.default: _decomp_matmul,
                            aten.mm.default: _decomp_matmul, aten.bmm.default: _decomp_matmul,
                            aten.addmm.default: _decomp_addmm},
@@ -741,6 +850,9 @@ FIX_GUARDS = {aten.grid_sampler_2d.default: lambda node: node.args[2] == 0 and n
 FIX_MATCH = {
     "long-k-half-matmul": lambda node, ctx: _is(node, *_MATMULS) and _contraction(node)[1] >= LONG_K,
     "half-layer-norm": lambda node, ctx: _is(node, aten.layer_norm),
+    "long-half-reduction": lambda node, ctx: (_is(node, *_REDUCTIONS) and _dtype(node.args[0]) == torch.float32
+                                              and _squared(node.args[0]) is None
+                                              and _reduced_count(node) >= LONG_REDUCTION),
 }
 
 
@@ -900,9 +1012,48 @@ def _fx_rank_above_4(gm: fx.GraphModule) -> int:
     return count
 
 
+def _constant_value(gm: fx.GraphModule, node, memo: dict):
+    """The value of a node computed from weights and constants only (get_attr and pure calls), in fp32."""
+    if not isinstance(node, fx.Node):
+        return node
+    if node not in memo:
+        if node.op == "get_attr":
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+        else:
+            args = torch.utils._pytree.tree_map(lambda a: _constant_value(gm, a, memo), (node.args, node.kwargs))
+            value = node.target(*args[0], **args[1])
+        memo[node] = value
+    return memo[node]
+
+
+def _fx_fold_constant_trig(gm: fx.GraphModule) -> int:
+    """sin/cos of an angle computed from weights/constants only (a rotary or sinusoidal table)  =>  the
+    table itself, computed once in fp32 and stored as a buffer: cast to half later, its values lie in
+    [-1, 1] where fp16 is fine, instead of the angle (up to thousands) being rounded first. Bit-exact in
+    fp32 (the same computation, done ahead). Runtime angles (from the inputs) stay reported."""
+    derived = input_derived(gm.graph, [n.name for n in gm.graph.nodes if n.op == "placeholder"])
+    count, memo = 0, {}
+    for node in list(gm.graph.nodes):
+        if not _is(node, *_TRIG) or node in derived:
+            continue
+        with torch.no_grad():
+            value = _constant_value(gm, node, memo).detach().clone()
+        name = f"zoo_folded_{node.name}"
+        gm.register_buffer(name, value)
+        with gm.graph.inserting_before(node):
+            new = gm.graph.get_attr(name)
+        new.meta = {**node.meta, "val": node.meta.get("val")}
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
 # rule id -> fx rewrite on the exported graph (returns how many places it changed)
 FIX_PATTERNS = {"repeat-kv-expand": _fx_repeat_kv, "half-rms-norm": _fx_rms_norm,
-                "int64-compare-chain": _fx_int64_chain, "rank-above-4": _fx_rank_above_4}
+                "int64-compare-chain": _fx_int64_chain, "rank-above-4": _fx_rank_above_4,
+                "half-trig-large-arg": _fx_fold_constant_trig}
 FIXABLE = tuple(FIX_DECOMPOSITIONS) + tuple(FIX_PATTERNS)
 
 
