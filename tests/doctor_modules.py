@@ -147,3 +147,46 @@ def span():
 def pool():
     torch.manual_seed(0)
     return LatentPool().eval(), (_x(1, 6, 16),)
+
+
+class ComplexRotary(nn.Module):
+    """Meta's reference RoPE: a complex freqs_cis buffer and view_as_complex on q's channel pairs."""
+
+    def __init__(self, seq=6, heads=2, dim=8):
+        super().__init__()
+        self.q = nn.Linear(heads * dim, heads * dim)
+        self.heads = heads
+        freqs = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+        angles = torch.outer(torch.arange(float(seq)), freqs)
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles))
+
+    def forward(self, x):  # x: [B, S, heads*dim]
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, -1)
+        qc = torch.view_as_complex(q.float().reshape(b, s, self.heads, -1, 2))
+        rotated = torch.view_as_real(qc * self.freqs_cis.view(1, s, 1, -1)).flatten(3)
+        return rotated.reshape(b, s, -1)
+
+
+class TimestepEmbedding(nn.Module):
+    """Diffusion-style sinusoidal embedding of a fixed schedule of timesteps (a buffer reaching 999)."""
+
+    def __init__(self, steps=16, dim=32):
+        super().__init__()
+        freqs = torch.exp(-torch.arange(dim // 2).float() * (9.21 / (dim // 2)))
+        self.register_buffer("angles", torch.linspace(0, 999, steps)[:, None] * freqs[None])
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):  # x: [steps, dim]
+        emb = torch.cat([torch.sin(self.angles), torch.cos(self.angles)], dim=-1)
+        return self.proj(x + emb)
+
+
+def rope():
+    torch.manual_seed(0)
+    return ComplexRotary().eval(), (_x(1, 6, 16),)
+
+
+def timesteps():
+    torch.manual_seed(0)
+    return TimestepEmbedding().eval(), (_x(16, 32),)

@@ -251,7 +251,7 @@ def test_cli_reads_a_converted_tflite(tmp_path, capsys):
 FIX_TOLERANCE = {"clamp-0-1": 0.0, "repeat-kv-expand": 0.0, "floor-on-gpu": 0.0, "softmax-len1": 0.0,
                  "int64-compare-chain": 0.0, "rank-above-4": 0.0, "grid-sample": 1e-6, "bicubic-upsample": 1e-6,
                  "remainder-scalar": 1e-6, "half-rms-norm": 1e-6, "half-layer-norm": 1e-6, "long-k-half-matmul": 1e-6,
-                 "long-half-reduction": 1e-6, "half-trig-large-arg": 0.0}
+                 "long-half-reduction": 1e-6, "half-trig-large-arg": 0.0, "complex-ops": 1e-6}
 W_LONG = _x(8, 4096, seed=3)
 CASES_FIX_ONLY = {"long-k-half-matmul": (lambda x: F.linear(x, W_LONG), None, (_x(2, 4096),), "litert-gpu", "fp16")}
 
@@ -356,6 +356,33 @@ def test_runtime_angles_are_measured_not_guessed():
     # a small table (|angle| < 64) stays quiet at fp16: the rule reads the values, not only the op
     small = AngleTable(n=32)
     assert _rules(small.forward, (_x(32, 8),), "coreai", "fp16") == []
+
+
+class LlamaRope(nn.Module):
+    """Meta's reference RoPE: a complex freqs_cis buffer, view_as_complex on the pairs of x [B, S, H, D]."""
+
+    def __init__(self, seq=6, dim=8):
+        super().__init__()
+        freqs = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+        angles = torch.outer(torch.arange(float(seq)), freqs)
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles))
+
+    def forward(self, x):
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * self.freqs_cis.view(1, x.shape[1], 1, xc.shape[-1])).flatten(3).type_as(x)
+
+
+def test_complex_rope_becomes_real_and_converts_to_litert(tmp_path):
+    from zoo.rewrites import inspect as tfl
+
+    module, x = LlamaRope(), _x(1, 6, 2, 8)
+    with pytest.raises(Exception):  # the trap: litert-torch has no complex<f32> lowering
+        tfl.convert_to_tflite(module, (x,), tmp_path / "complex.tflite")
+    result = doctor.fix(module, (x,), ("litert", "coreai"))
+    assert result.applied == {"complex-ops": 1} and result.after == []
+    path = tfl.convert_to_tflite(result.module, (x,), tmp_path / "real.tflite")
+    (got,) = tfl.run_tflite_cpu(path, (x,))
+    assert float(abs(got - module(x).numpy()).max()) <= 1e-6
 
 
 def test_cli_fix_reports_what_changed(capsys):

@@ -503,14 +503,16 @@ RULES: list[Rule] = [
          _op(aten.remainder.Scalar, aten.fmod, detail=_remainder_detail), keep=(aten.remainder.Scalar,)),
     Rule("complex-ops", "fatal", (LITERT, LITERT_GPU),
          "complex tensors: litert-torch has no lowering for complex<f32> (FFT, view_as_complex, polar)",
-         "stft_conv for torch.stft; for rotary embeddings rotate real pairs (x*cos + rotate_half(x)*sin)",
+         "stft_conv for torch.stft; complex RoPE by a constant table: complex_rotate_interleaved (automatic); "
+         "otherwise rotate real pairs (x*cos + rotate_half(x)*sin)",
          _detect_complex),
     Rule("softmax-len1", "fatal", (LITERT_GPU,),
          "softmax over a dim of size 1 lowers to a DIV with identical inputs, rejected by the GPU delegate",
          "softmax_len1", _detect_softmax_len1),
     Rule("causal-mask-qlen", "silent", ALL_TARGETS,
          "SDPA is_causal=True is upper-left aligned when q_len != k_len: wrong for decode with a cache",
-         "pass an explicit lower-right boolean/additive mask instead of is_causal=True",
+         "pass an explicit lower-right mask: attn_mask=zoo.rewrites.attention.causal_mask_at(positions, k_len) "
+         "(not automatic: it changes what the module computes, so no gate against the original could prove it)",
          _detect_causal_mismatch, keep=(aten.scaled_dot_product_attention,)),
     # Last: ops another rule explains (grid_sampler_2d, remainder.Scalar) are claimed by then.
     Rule("coreai-unsupported-op", "fatal", (COREAI,),
@@ -1050,11 +1052,68 @@ def _fx_fold_constant_trig(gm: fx.GraphModule) -> int:
     return count
 
 
+def _complex_rope_match(node):
+    """(x, freqs node) if node is flatten(view_as_real(view_as_complex(reshape(x, [..., D/2, 2])) * freqs))
+    back to x's own shape, freqs computed from constants only; else None."""
+    if not _is(node, aten.flatten) or _rank(node) < 1:
+        return None
+    real = node.args[0]
+    if not _is(real, aten.view_as_real) or not _is(real.args[0], aten.mul):
+        return None
+    for c, freqs in (real.args[0].args, real.args[0].args[::-1]):
+        if _is(c, aten.view_as_complex) and isinstance(freqs, fx.Node):
+            x = _skip_pass_through(c.args[0])
+            x = x.args[0] if _is(x, *_VIEWS) else None
+            if x is not None and _val(x) is not None and tuple(_val(x).shape) == tuple(_val(node).shape):
+                return x, freqs
+    return None
+
+
+def _fx_complex_rope(gm: fx.GraphModule) -> int:
+    """Complex RoPE  =>  zoo.rewrites.spectral.complex_rotate_interleaved with the constant freqs table
+    split into real cos/sin tables (computed once, stored as buffers): no complex tensor left. Runtime
+    complex factors (from the inputs) stay reported."""
+    from zoo.rewrites.spectral import complex_rotate_interleaved, interleaved_tables, pair_rotation
+
+    derived = input_derived(gm.graph, [n.name for n in gm.graph.nodes if n.op == "placeholder"])
+    count, memo = 0, {}
+    for node in list(gm.graph.nodes):
+        match = _complex_rope_match(node)
+        if match is None or match[1] in derived:
+            continue
+        x, freqs = match
+        with torch.no_grad():
+            cos_table, sin_table = interleaved_tables(_constant_value(gm, freqs, memo))
+        names = [f"zoo_rope_{node.name}_{part}" for part in ("cos", "sin", "rotation")]
+        for name, value in zip(names, (cos_table, sin_table, pair_rotation(_val(node).shape[-1]))):
+            gm.register_buffer(name, value)
+        with gm.graph.inserting_before(node):
+            tables = [gm.graph.get_attr(name) for name in names]
+            new = gm.graph.call_function(complex_rotate_interleaved, (x, *tables))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
 # rule id -> fx rewrite on the exported graph (returns how many places it changed)
 FIX_PATTERNS = {"repeat-kv-expand": _fx_repeat_kv, "half-rms-norm": _fx_rms_norm,
                 "int64-compare-chain": _fx_int64_chain, "rank-above-4": _fx_rank_above_4,
-                "half-trig-large-arg": _fx_fold_constant_trig}
+                "half-trig-large-arg": _fx_fold_constant_trig, "complex-ops": _fx_complex_rope}
 FIXABLE = tuple(FIX_DECOMPOSITIONS) + tuple(FIX_PATTERNS)
+
+
+def _drop_unused_tensors(gm: fx.GraphModule) -> None:
+    """Remove the buffers/parameters a fix left unreferenced (e.g. a complex freqs table replaced by real
+    tables): export lifts every registered tensor, and a converter refuses a complex one even unused."""
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name, _ in [*gm.named_buffers(), *gm.named_parameters()]:
+        if name in used:
+            continue
+        owner_path, _, attr = name.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        owner._buffers.pop(attr, None)
+        owner._parameters.pop(attr, None)
 
 
 @dataclasses.dataclass
@@ -1081,6 +1140,7 @@ def fix(module: nn.Module, example_inputs: Sequence, targets: Sequence[str] = DE
     for rule in sorted(wanted & set(FIX_PATTERNS)):
         applied[rule] = FIX_PATTERNS[rule](gm)
     gm.graph.eliminate_dead_code()
+    _drop_unused_tensors(gm)
     gm.recompile()
     after = diagnose(gm, example_inputs, targets, precision=precision)
     return FixResult(gm, applied, before, after)
