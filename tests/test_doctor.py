@@ -11,7 +11,7 @@ from torch import nn
 from zoo import doctor
 from zoo.errors import ZooError
 from zoo.rewrites.activations import clamp01
-from zoo.rewrites.arith import softmax_safe
+from zoo.rewrites.arith import elementwise_rank4, softmax_safe
 from zoo.rewrites.attention import repeat_kv_slice_concat
 from zoo.rewrites.norms import adaptive_normalize, hierarchical_reduce
 from zoo.rewrites.reshapes import permute_rank4
@@ -88,6 +88,18 @@ class CosTable(nn.Module):
         return x * self.table
 
 
+class ConstAdd(nn.Module):
+    """A runtime [8, 16] plus a learned table of the same shape (e.g. a fixed positional embedding)."""
+
+    def __init__(self, lifted=False):
+        super().__init__()
+        self.lifted = lifted
+        self.register_buffer("table", _x(8, 16, seed=5))
+
+    def forward(self, x):
+        return elementwise_rank4("add", x, self.table) if self.lifted else x + self.table
+
+
 IMG, GRID = _x(1, 3, 8, 8), torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
 QKV = (_x(1, 2, 1, 8), _x(1, 2, 4, 8, seed=1), _x(1, 2, 4, 8, seed=2))
 
@@ -117,6 +129,7 @@ CASES = {
     "long-half-reduction": (lambda x: x.mean(-1), lambda x: hierarchical_reduce(x, (-1,)), (_x(2, 4096),),
                             "litert-gpu", "fp16"),
     "half-trig-large-arg": (AngleTable(), CosTable(), (_x(256, 8),), "coreai", "fp16"),
+    "const-batch-elementwise": (ConstAdd(), ConstAdd(lifted=True), (_x(8, 16),), "litert-gpu", "fp32"),
     "causal-mask-qlen": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _causal_mask,
                          QKV, "coreai", "fp32"),
 }
@@ -251,7 +264,8 @@ def test_cli_reads_a_converted_tflite(tmp_path, capsys):
 FIX_TOLERANCE = {"clamp-0-1": 0.0, "repeat-kv-expand": 0.0, "floor-on-gpu": 0.0, "softmax-len1": 0.0,
                  "int64-compare-chain": 0.0, "rank-above-4": 0.0, "grid-sample": 1e-6, "bicubic-upsample": 1e-6,
                  "remainder-scalar": 1e-6, "half-rms-norm": 1e-6, "half-layer-norm": 1e-6, "long-k-half-matmul": 1e-6,
-                 "long-half-reduction": 1e-6, "half-trig-large-arg": 0.0, "complex-ops": 1e-6}
+                 "long-half-reduction": 1e-6, "half-trig-large-arg": 0.0, "complex-ops": 1e-6,
+                 "const-batch-elementwise": 0.0}
 W_LONG = _x(8, 4096, seed=3)
 CASES_FIX_ONLY = {"long-k-half-matmul": (lambda x: F.linear(x, W_LONG), None, (_x(2, 4096),), "litert-gpu", "fp16")}
 

@@ -4,7 +4,9 @@ F.* calls and their own classes) through the shared pipeline, gated against the 
 Together the factories cover ten seed-table patterns: grid_sample, bicubic upsampling, hardtanh(0, 1)
 (`warp`), a repeat_kv expand (`gqa`), a rank-6 window partition (`window`), a wide RMSNorm and a long-K
 matmul under fp16 (`wide`), an int64 comparison chain (`span`), a softmax over a length-1 axis that lowers
-to a DIV with identical inputs (`pool`)."""
+to a DIV with identical inputs (`pool`); and three more: complex RoPE (`rope`), a sinusoidal table of large
+angles and an add of a same-shape constant that the GPU computes wrong even in fp32 (`timesteps`).
+`rope` has no negative control in process: unfixed, coreai-torch aborts the interpreter."""
 
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ import pytest
 from zoo.errors import ZooError
 
 TESTS = Path(__file__).parent
-FACTORIES = ("warp", "gqa", "window", "wide", "span", "pool")
+FACTORIES = ("warp", "gqa", "window", "wide", "span", "pool", "rope", "timesteps")
 # The factories whose unfixed form the LiteRT GPU refuses or computes wrongly in fp16 (negative controls).
 # `span`'s trap is on the Core AI GPU (macOS), which this machine cannot run: its unfixed form passes here.
-GPU_TRAPS = ("warp", "gqa", "window", "wide", "pool")
+GPU_TRAPS = ("warp", "gqa", "window", "wide", "pool", "timesteps")
 
 
 @pytest.fixture(autouse=True)

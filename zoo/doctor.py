@@ -402,6 +402,30 @@ def _detect_complex(node, ctx):
     return None
 
 
+_BINARY = (aten.add, aten.sub, aten.mul, aten.div)
+
+
+def _const_batch_operands(node, ctx):
+    """(runtime, constant) operands of an elementwise op whose constant has the same full shape, rank 2-3,
+    and a leading axis > 1 — the layout the LiteRT GPU delegate computes wrong; else None."""
+    if not _is(node, *_BINARY) or len(node.args) < 2 or not all(isinstance(a, fx.Node) for a in node.args[:2]):
+        return None
+    a, b = node.args[:2]
+    va, vb = _val(a), _val(b)
+    if va is None or vb is None or va.shape != vb.shape or not 2 <= va.dim() <= 3 or va.shape[0] <= 1:
+        return None
+    if not va.is_floating_point() or not vb.is_floating_point():
+        return None
+    runtime = [ctx.depends_on_input(a), ctx.depends_on_input(b)]
+    return (a, b) if runtime == [True, False] else (b, a) if runtime == [False, True] else None
+
+
+def _detect_const_batch(node, ctx):
+    if _const_batch_operands(node, ctx) is None:
+        return None
+    return f"{node.target.overloadpacket.__name__} of a runtime {tuple(_val(node).shape)} and a constant of that shape"
+
+
 def _detect_softmax_len1(node, ctx):
     if _is(node, aten._softmax, aten.softmax):
         shape = _val(node.args[0]).shape
@@ -501,11 +525,17 @@ RULES: list[Rule] = [
          "aten.remainder.Scalar is not supported by coreai-torch (remainder.Tensor is)",
          "use x - torch.div(x, m, rounding_mode='floor') * m, or a tensor divisor",
          _op(aten.remainder.Scalar, aten.fmod, detail=_remainder_detail), keep=(aten.remainder.Scalar,)),
-    Rule("complex-ops", "fatal", (LITERT, LITERT_GPU),
-         "complex tensors: litert-torch has no lowering for complex<f32> (FFT, view_as_complex, polar)",
+    Rule("complex-ops", "fatal", ALL_TARGETS,
+         "complex tensors: litert-torch has no lowering for complex<f32> (FFT, view_as_complex, polar); "
+         "coreai-torch 0.4.3 aborts the whole process on them (MLIR assertion 'only integers and floats have a "
+         "bitwidth', tests/doctor_modules.py rope)",
          "stft_conv for torch.stft; complex RoPE by a constant table: complex_rotate_interleaved (automatic); "
          "otherwise rotate real pairs (x*cos + rotate_half(x)*sin)",
          _detect_complex),
+    Rule("const-batch-elementwise", "silent", (LITERT_GPU,),
+         "add/sub/mul/div of a runtime tensor and a same-shape constant [N, C] / [N, M, C] with N > 1: the "
+         "GPU delegate accepts it and computes it wrong even in fp32", "elementwise_rank4 (zoo.rewrites.arith)",
+         _detect_const_batch),
     Rule("softmax-len1", "fatal", (LITERT_GPU,),
          "softmax over a dim of size 1 lowers to a DIV with identical inputs, rejected by the GPU delegate",
          "softmax_len1", _detect_softmax_len1),
@@ -1096,10 +1126,29 @@ def _fx_complex_rope(gm: fx.GraphModule) -> int:
     return count
 
 
+def _fx_const_batch(gm: fx.GraphModule) -> int:
+    """runtime op constant (same shape [N, C] / [N, M, C])  =>  elementwise_rank4: computed at
+    [1, N*M, 1, C], the layout the GPU delegate gets right."""
+    from zoo.rewrites.arith import elementwise_rank4
+
+    derived = input_derived(gm.graph, [n.name for n in gm.graph.nodes if n.op == "placeholder"])
+    ctx, count = Context("", set(), derived), 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or len(node.args) > 2 or node.kwargs or _const_batch_operands(node, ctx) is None:
+            continue  # add(a, b, alpha=...) keeps its own form
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(elementwise_rank4, (node.target.overloadpacket.__name__, *node.args))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
 # rule id -> fx rewrite on the exported graph (returns how many places it changed)
 FIX_PATTERNS = {"repeat-kv-expand": _fx_repeat_kv, "half-rms-norm": _fx_rms_norm,
                 "int64-compare-chain": _fx_int64_chain, "rank-above-4": _fx_rank_above_4,
-                "half-trig-large-arg": _fx_fold_constant_trig, "complex-ops": _fx_complex_rope}
+                "half-trig-large-arg": _fx_fold_constant_trig, "complex-ops": _fx_complex_rope,
+                "const-batch-elementwise": _fx_const_batch}
 FIXABLE = tuple(FIX_DECOMPOSITIONS) + tuple(FIX_PATTERNS)
 
 
