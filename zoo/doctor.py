@@ -799,8 +799,9 @@ def _decomp_clamp(x, min=None, max=None):  # noqa: A002 — ATen's argument name
 
 
 def _decomp_floor(x):
-    # floor(2x / 2) == floor(x) exactly (doubling is exact); div(rounding_mode="floor") is GPU-safe
-    return torch.div(x * 2.0, 2.0, rounding_mode="floor")
+    from zoo.rewrites.arith import floor_gpu_safe
+
+    return floor_gpu_safe(x)
 
 
 def _decomp_remainder_scalar(x, other):

@@ -47,6 +47,13 @@ def _demo_select() -> Demo:
 # --- softmax over a length-1 axis ---------------------------------------------------------------------
 
 
+def floor_gpu_safe(x: torch.Tensor) -> torch.Tensor:
+    """floor(x) in the form the seed records as safe on the Core AI GPU (a bare floor lowers to identity
+    there): floor(2x / 2) == floor(x) exactly, doubling is exact, and div(rounding_mode="floor") lowers
+    to a different op. Used by zoo.doctor's floor-on-gpu fix and by RF-DETR's deformable sampler."""
+    return torch.div(x * 2.0, 2.0, rounding_mode="floor")
+
+
 _ELEMENTWISE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
 
 
