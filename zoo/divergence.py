@@ -108,8 +108,9 @@ def first_divergence(module: nn.Module, inputs: Sequence, tolerance: float = FP1
 
 
 def _emulated_errors(gm: fx.GraphModule, inputs: tuple) -> list[float]:
-    from zoo.precision import cast_for_export
     import copy
+
+    from zoo.precision import cast_for_export
 
     with torch.no_grad():
         want = [t.numpy() for t in gm(*inputs)]
