@@ -190,3 +190,14 @@ def rope():
 def timesteps():
     torch.manual_seed(0)
     return TimestepEmbedding().eval(), (_x(16, 32),)
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: torch.export cannot trace it
+            return x
+        return -x
+
+
+def data_dependent():
+    return DataDependent(), (_x(4),)

@@ -73,6 +73,7 @@ def gpu_gate(rep: dict, metric: str) -> float:
     (["module=doctor_modules:not_a_pair"], "not (module, example_inputs)"),
     (["module=doctor_modules:clean", "fix=true", "ignore=[no-such-rule]"], "Unknown rule id"),
     (["fix=true"], "apply to module=pkg.mod:factory only"),
+    (["module=doctor_modules:data_dependent", "fix=true"], "does not export"),
 ])
 def test_bad_module_input_exits_2_with_one_message(overrides, message, tmp_path, capsys):
     assert convert(overrides, tmp_path) == 2

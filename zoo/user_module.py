@@ -122,7 +122,12 @@ def load(factory: str, fix: bool, ignore: tuple = ()) -> Loaded:
     output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
     converted, fixes = module, {}
     if fix:
-        result = fix_for_pipeline(module, args, ignore)
+        try:
+            result = fix_for_pipeline(module, args, ignore)
+        except doctor.ExportFailure as failure:  # the user's module, not a zoo bug: one paragraph
+            finding = failure.finding()
+            raise ZooError(f"The module from '{factory}' does not export ({finding.cause}) at "
+                           f"{finding.source or 'an unknown line'}.", finding.fix) from None
         converted, fixes = result.module, result.applied
     return Loaded(module, dict(zip(names, args)), output_names, converted, fixes)
 
