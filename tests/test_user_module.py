@@ -113,6 +113,34 @@ def test_the_reference_is_the_original_module_not_the_fixed_graph():
     assert type(loaded.original).__name__ == "TinyGQA" and list(loaded.inputs) == ["x"]
 
 
+def test_a_fix_that_changes_the_numbers_fails_the_gate(tmp_path, monkeypatch):
+    """Negative control for 'gated against the original': a broken fix (outputs off by 1%) converts
+    fine and must still fail, because the reference is the untouched module."""
+    from torch import nn
+
+    from zoo import user_module
+
+    class OffByOnePercent(nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args):
+            return self.module(*args) * 1.01
+
+    def broken_fix(module, args, ignore=()):
+        return type("Result", (), {"module": OffByOnePercent(module), "applied": {"broken": 1}})()
+
+    user_module.load.cache_clear()
+    monkeypatch.setattr(user_module, "fix_for_pipeline", broken_fix)
+    try:
+        assert convert(["module=doctor_modules:clean", "fix=true", "target=coreai"], tmp_path) == 1
+    finally:
+        user_module.load.cache_clear()
+    failed = json.loads((tmp_path / "doctor_modules-clean" / "coreai-fp32.failed" / "report.json").read_text())
+    assert any(g["metric"] == "rel_max_abs" and not g["passed"] for g in failed["gates"])
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("factory", FACTORIES)
