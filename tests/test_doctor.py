@@ -11,9 +11,9 @@ from torch import nn
 from zoo import doctor
 from zoo.errors import ZooError
 from zoo.rewrites.activations import clamp01
-from zoo.rewrites.arith import softmax_safe
+from zoo.rewrites.arith import elementwise_rank4, softmax_safe
 from zoo.rewrites.attention import repeat_kv_slice_concat
-from zoo.rewrites.norms import adaptive_normalize
+from zoo.rewrites.norms import adaptive_normalize, hierarchical_reduce
 from zoo.rewrites.reshapes import permute_rank4
 from zoo.rewrites.resampling import grid_sample_bilinear, resize_bicubic
 
@@ -65,6 +65,41 @@ def _causal_mask(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+class AngleTable(nn.Module):
+    """A rotary-style angle table (position x frequency) kept as a buffer, and its cosine taken in forward."""
+
+    def __init__(self, n=256, d=8):
+        super().__init__()
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d)
+        self.register_buffer("angle", torch.outer(torch.arange(float(n)), inv_freq).repeat(1, 2))
+
+    def forward(self, x):
+        return x * torch.cos(self.angle)
+
+
+class CosTable(nn.Module):
+    """The fixed form: the cosine table itself is the buffer (values in [-1, 1])."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.cos(AngleTable().angle))
+
+    def forward(self, x):
+        return x * self.table
+
+
+class ConstAdd(nn.Module):
+    """A runtime [8, 16] plus a learned table of the same shape (e.g. a fixed positional embedding)."""
+
+    def __init__(self, lifted=False):
+        super().__init__()
+        self.lifted = lifted
+        self.register_buffer("table", _x(8, 16, seed=5))
+
+    def forward(self, x):
+        return elementwise_rank4("add", x, self.table) if self.lifted else x + self.table
+
+
 IMG, GRID = _x(1, 3, 8, 8), torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
 QKV = (_x(1, 2, 1, 8), _x(1, 2, 4, 8, seed=1), _x(1, 2, 4, 8, seed=2))
 
@@ -91,6 +126,10 @@ CASES = {
     "softmax-len1": (lambda x: x.softmax(-1), lambda x: softmax_safe(x, -1), (_x(2, 3, 1),), "litert-gpu", "fp32"),
     "coreai-unsupported-op": (lambda x: x.sort(-1).values, lambda x: x.topk(8, -1, largest=False).values,
                               (_x(2, 8),), "coreai", "fp32"),
+    "long-half-reduction": (lambda x: x.mean(-1), lambda x: hierarchical_reduce(x, (-1,)), (_x(2, 4096),),
+                            "litert-gpu", "fp16"),
+    "half-trig-large-arg": (AngleTable(), CosTable(), (_x(256, 8),), "coreai", "fp16"),
+    "const-batch-elementwise": (ConstAdd(), ConstAdd(lifted=True), (_x(8, 16),), "litert-gpu", "fp32"),
     "causal-mask-qlen": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _causal_mask,
                          QKV, "coreai", "fp32"),
 }
@@ -224,7 +263,9 @@ def test_cli_reads_a_converted_tflite(tmp_path, capsys):
 # The exactness each fix promises (the rewrite's class where the fix is a library rewrite).
 FIX_TOLERANCE = {"clamp-0-1": 0.0, "repeat-kv-expand": 0.0, "floor-on-gpu": 0.0, "softmax-len1": 0.0,
                  "int64-compare-chain": 0.0, "rank-above-4": 0.0, "grid-sample": 1e-6, "bicubic-upsample": 1e-6,
-                 "remainder-scalar": 1e-6, "half-rms-norm": 1e-6, "half-layer-norm": 1e-6, "long-k-half-matmul": 1e-6}
+                 "remainder-scalar": 1e-6, "half-rms-norm": 1e-6, "half-layer-norm": 1e-6, "long-k-half-matmul": 1e-6,
+                 "long-half-reduction": 1e-6, "half-trig-large-arg": 0.0, "complex-ops": 1e-6,
+                 "const-batch-elementwise": 0.0}
 W_LONG = _x(8, 4096, seed=3)
 CASES_FIX_ONLY = {"long-k-half-matmul": (lambda x: F.linear(x, W_LONG), None, (_x(2, 4096),), "litert-gpu", "fp16")}
 
@@ -263,6 +304,100 @@ def test_fixed_rms_norm_survives_fp16_where_the_original_overflows():
         fixed = cast_for_export(result.module, torch.float16)(x)
     assert not torch.isfinite(broken).all() or (broken - want).abs().max() > 0.1  # the trap is real
     assert (fixed - want).abs().max() < 1e-2
+
+
+class WithWeight(nn.Module):
+    """fn(x, w) with w a parameter: cast to half with the module, as a real layer's weight is."""
+
+    def __init__(self, fn, w):
+        super().__init__()
+        self.fn, self.w = fn, nn.Parameter(w)
+
+    def forward(self, x):
+        return self.fn(x, self.w)
+
+
+def test_long_k_fix_reaches_matmul_mm_bmm_and_addmm():
+    w = _x(4096, 8, seed=4)
+    for fn, x in ((torch.matmul, _x(1, 2, 4096)), (lambda x, w: x @ w, _x(2, 4096)),
+                  (lambda x, w: torch.bmm(x, w.expand(2, 4096, 8)), _x(2, 3, 4096)),
+                  (lambda x, w: torch.addmm(w[0], x, w), _x(2, 4096))):
+        module = WithWeight(fn, w)
+        result = doctor.fix(module, (x,), ("litert-gpu",), precision="fp16")
+        assert result.applied == {"long-k-half-matmul": 1} and result.after == [], [f.format() for f in result.after]
+        with torch.no_grad():
+            want = module(x)
+            assert doctor.max_abs_difference(want, result.module(x)) <= 1e-5 * float(want.abs().max())
+    # negative control: short contractions are left alone
+    short = WithWeight(lambda x, w: x @ w, w[:1024])
+    assert doctor.fix(short, (_x(2, 1024),), ("litert-gpu",), precision="fp16").applied == {}
+
+
+def test_hierarchical_reduction_survives_an_fp16_accumulator_where_the_plain_sum_overflows():
+    from zoo.rewrites.fp16 import emulate_fp16_accumulator, tree_sum_fp16
+
+    x = torch.full((2, 4096), 200.0, dtype=torch.float16)  # the seed's case: 4096 x 200 = 819200 > 65504
+    assert torch.isinf(tree_sum_fp16(x, -1)).all()  # the trap: an fp16 accumulator overflows
+    with emulate_fp16_accumulator():
+        mean, total = hierarchical_reduce(x, (-1,)), hierarchical_reduce(x.float(), (-1,), kind="sum")
+    assert torch.isfinite(mean).all() and float((mean.float() - 200).abs().max()) == 0.0
+    assert float(total.max()) == 819200.0
+    y = _x(3, 5, 7, 2)  # any axes, any rank, keepdim: same as torch
+    for dims, keep in (((1, 2), True), ((0, 3), False), (None, False)):
+        want = y.mean(dims, keepdim=keep) if dims else y.mean()
+        assert torch.allclose(hierarchical_reduce(y, dims, keep), want, atol=1e-6)
+
+
+def test_folded_trig_table_is_closer_in_fp16():
+    from zoo.precision import cast_for_export
+
+    class Rotary(AngleTable):
+        def forward(self, x):
+            return x * torch.cos(self.angle) + x.flip(-1) * torch.sin(self.angle)
+
+    x = _x(256, 8)
+    result = doctor.fix(Rotary(), (x,), ("litert-gpu",), precision="fp16")
+    # x [256, 8] times a same-shape constant table: const-batch-elementwise is fixed alongside
+    assert result.applied == {"half-trig-large-arg": 2, "const-batch-elementwise": 2} and result.after == []
+    with torch.no_grad():
+        want = Rotary()(x)
+        before = float((cast_for_export(Rotary(), torch.float16)(x) - want).abs().max())
+        after = float((cast_for_export(result.module, torch.float16)(x) - want).abs().max())
+    # measured: 0.040 -> 0.0027 at 512 positions; 256 here
+    assert after * 4 < before, (before, after)
+
+
+def test_runtime_angles_are_measured_not_guessed():
+    # a small table (|angle| < 64) stays quiet at fp16: the rule reads the values, not only the op
+    small = AngleTable(n=32)
+    assert _rules(small.forward, (_x(32, 8),), "coreai", "fp16") == []
+
+
+class LlamaRope(nn.Module):
+    """Meta's reference RoPE: a complex freqs_cis buffer, view_as_complex on the pairs of x [B, S, H, D]."""
+
+    def __init__(self, seq=6, dim=8):
+        super().__init__()
+        freqs = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+        angles = torch.outer(torch.arange(float(seq)), freqs)
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles))
+
+    def forward(self, x):
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * self.freqs_cis.view(1, x.shape[1], 1, xc.shape[-1])).flatten(3).type_as(x)
+
+
+def test_complex_rope_becomes_real_and_converts_to_litert(tmp_path):
+    from zoo.rewrites import inspect as tfl
+
+    module, x = LlamaRope(), _x(1, 6, 2, 8)
+    with pytest.raises(Exception):  # the trap: litert-torch has no complex<f32> lowering
+        tfl.convert_to_tflite(module, (x,), tmp_path / "complex.tflite")
+    result = doctor.fix(module, (x,), ("litert", "coreai"))
+    assert result.applied == {"complex-ops": 1} and result.after == []
+    path = tfl.convert_to_tflite(result.module, (x,), tmp_path / "real.tflite")
+    (got,) = tfl.run_tflite_cpu(path, (x,))
+    assert float(abs(got - module(x).numpy()).max()) <= 1e-6
 
 
 def test_cli_fix_reports_what_changed(capsys):

@@ -2,6 +2,7 @@
 
     zoo convert model=t5 target=litert precision=int8     # Hydra overrides pass straight through
     zoo convert -m model=t5 target=coreai,litert hydra/launcher=zoo_joblib
+    zoo convert module=mypkg.models:build fix=true       # any nn.Module, gated against itself
     zoo list | zoo bench model=t5 | zoo generate --bundle B --prompt P | zoo demo
     zoo publish t5 --dry-run | zoo cache check [MODEL] | zoo cache repair [MODEL]
     zoo doctor t5 | zoo doctor mypkg.models:build --target litert-gpu | zoo doctor model.tflite

@@ -1,4 +1,7 @@
 """`python -m zoo.convert model=t5 [target=coreai|litert|all] [precision=...] [weights=...]`
+`python -m zoo.convert module=pkg.mod:factory [fix=true] [ignore=[rule-id,...]]`: any user module (a factory
+returning `(module, example_inputs)`) through the same pipeline, gated against the original module
+(zoo/user_module.py).
 
 One model through the requested targets; prints a line per stage and a summary table; exits 0 only if
 every bundle passed its gates (1: a gate failed; 2: bad input or a failed stage).
@@ -32,7 +35,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
 
     console = console or Console()
     results = convert_model(
-        cfg.model, list(cfg.target.names), precision=cfg.precision.name, force_precision=bool(cfg.precision.force),
+        model_config(cfg), list(cfg.target.names), precision=cfg.precision.name, force_precision=bool(cfg.precision.force),
         out_dir=cfg.out_dir, console=console, weights_spec=cfg.weights, no_wait=bool(cfg.get("no_wait", False)),
     )
     console.summary(results)
@@ -46,6 +49,18 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
                            "the previous good bundle (if any) is untouched.")
         return 1
     return 0
+
+
+def model_config(cfg: DictConfig):
+    """The model config to convert: `model`, or the one synthesized for `module=pkg.mod:factory`."""
+    if cfg.get("module"):
+        from zoo.user_module import module_config
+
+        return module_config(str(cfg.module), bool(cfg.get("fix")), list(cfg.get("ignore") or []))
+    if cfg.get("fix") or cfg.get("ignore"):
+        raise ZooError("fix=true and ignore=[...] apply to module=pkg.mod:factory only.",
+                       "pass module=pkg.mod:factory, or lint a zoo model with `zoo doctor MODEL`.")
+    return cfg.model
 
 
 STATUS_DIR_ENV = "ZOO_MULTIRUN_STATUS_DIR"  # where multirun jobs leave their exit codes for the parent

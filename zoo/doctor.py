@@ -109,6 +109,9 @@ class Context:
     # constants (a tril mask built from arange) is folded by the converter and never runs
     input_derived: frozenset = frozenset()
 
+    # node -> max |value| it had on the example inputs, for the nodes a rule asks about (VALUE_WATCH)
+    peaks: dict = dataclasses.field(default_factory=dict)
+
     def depends_on_input(self, node) -> bool:
         return node in self.input_derived
 
@@ -287,14 +290,96 @@ def _detect_layer_norm_half(node, ctx):
 _MATMULS = (aten.mm, aten.bmm, aten.matmul, aten.addmm, aten.linear, aten.baddbmm)
 
 
+def _contraction(node):
+    """(left operand, K) of a matmul-family node: the length each dot product accumulates over."""
+    a = node.args[1] if _is(node, aten.addmm, aten.baddbmm) else node.args[0]
+    return a, (_val(a).shape[-1] if _rank(a) >= 1 else 0)
+
+
 def _detect_long_k(node, ctx):
     if not _is(node, *_MATMULS):
         return None
-    a = node.args[1] if _is(node, aten.addmm, aten.baddbmm) else node.args[0]
-    if _dtype(a) not in HALF or _rank(a) < 1:
+    a, k = _contraction(node)
+    if _dtype(a) not in HALF:
         return None
-    k = _val(a).shape[-1]
     return f"K={k} accumulated in {str(_dtype(a)).replace('torch.', '')}" if k >= LONG_K else None
+
+
+# A plain reduction over at least this many values in half precision: the seed reports the accumulator
+# overflowing on phones (a mean of 4096 values of 200 sums to 819200 > 65504); lavapipe kept it exact
+# (toolchain.md §4), so the rule follows the seed and the norms' own threshold (zoo.rewrites.norms).
+LONG_REDUCTION = 4096
+_REDUCTIONS = (aten.mean, aten.sum)
+
+
+def _reduced_count(node) -> int:
+    shape = _val(node.args[0]).shape
+    dims = _arg(node, 1, "dim", None)
+    if not dims:
+        return shape.numel()
+    dims = [dims] if isinstance(dims, int) else dims
+    n = 1
+    for d in dims:
+        n *= shape[d % len(shape)]
+    return n
+
+
+def _detect_long_half_reduction(node, ctx):
+    """mean/sum over >= LONG_REDUCTION values computed in half precision. A mean of x² is the norm
+    rules' business (half-rms-norm), not this one's."""
+    if not _is(node, *_REDUCTIONS) or _dtype(node.args[0]) not in HALF or _squared(node.args[0]) is not None:
+        return None
+    n = _reduced_count(node)
+    if n < LONG_REDUCTION:
+        return None
+    return f"{node.target.overloadpacket.__name__} over {n} values in {str(_dtype(node.args[0])).replace('torch.', '')}"
+
+
+# fp16 spaces values 2**(e-10) apart: at |x| = 64 the angle itself is only known to 1/32 rad, past 256 to
+# 1/8 rad (sin(1000) in fp16 is sin(1000 +- 0.25)). Rotary/sinusoidal angles (position x frequency) reach
+# thousands.
+TRIG_MAX_ARG = 64.0
+_TRIG = (aten.sin, aten.cos)
+
+
+def _detect_half_trig(node, ctx):
+    """sin/cos computed in half precision of an argument that reached |x| > TRIG_MAX_ARG on the example
+    inputs (the peak is measured on the exported graph, so a constant table counts as much as a runtime
+    angle)."""
+    if not _is(node, *_TRIG) or _dtype(node.args[0]) not in HALF:
+        return None
+    peak = ctx.peaks.get(node.args[0])
+    if peak is None or peak <= TRIG_MAX_ARG:
+        return None
+    return f"{node.target.overloadpacket.__name__} of |x| up to {peak:.4g} in {str(_dtype(node.args[0])).replace('torch.', '')}"
+
+
+def watched_peaks(ep, example_inputs: tuple, kwargs: dict | None) -> dict:
+    """max |value| of every sin/cos argument on the example inputs, from one run of the exported graph
+    (only when the graph has half-precision sin/cos: no cost otherwise). Empty if the run fails: a lint
+    that cannot measure stays quiet rather than guess."""
+    watched = {n.args[0] for n in ep.graph.nodes if _is(n, *_TRIG) and _dtype(n.args[0]) in HALF}
+    if not watched:
+        return {}
+    user = iter(torch.utils._pytree.tree_leaves((tuple(example_inputs), dict(kwargs or {}))))
+    tensors = {**ep.state_dict, **ep.constants}
+    try:
+        args = [next(user) if spec.kind.name == "USER_INPUT" else tensors[spec.target]
+                for spec in ep.graph_signature.input_specs]
+        peaks = {}
+
+        class Recorder(fx.Interpreter):
+            def run_node(self, node):
+                out = super().run_node(node)
+                if node in watched and isinstance(out, torch.Tensor):
+                    peaks[node] = float(out.detach().float().abs().max())
+                return out
+
+        with torch.no_grad():
+            Recorder(ep.graph_module).run(*args)
+        return peaks
+    except Exception:  # noqa: BLE001 — see docstring
+        return {}
 
 
 _COMPARISONS = (aten.lt, aten.le, aten.gt, aten.ge, aten.eq, aten.ne)
@@ -315,6 +400,30 @@ def _detect_complex(node, ctx):
            aten._fft_c2c):
         return str(node.target)
     return None
+
+
+_BINARY = (aten.add, aten.sub, aten.mul, aten.div)
+
+
+def _const_batch_operands(node, ctx):
+    """(runtime, constant) operands of an elementwise op whose constant has the same full shape, rank 2-3,
+    and a leading axis > 1 — the layout the LiteRT GPU delegate computes wrong; else None."""
+    if not _is(node, *_BINARY) or len(node.args) < 2 or not all(isinstance(a, fx.Node) for a in node.args[:2]):
+        return None
+    a, b = node.args[:2]
+    va, vb = _val(a), _val(b)
+    if va is None or vb is None or va.shape != vb.shape or not 2 <= va.dim() <= 3 or va.shape[0] <= 1:
+        return None
+    if not va.is_floating_point() or not vb.is_floating_point():
+        return None
+    runtime = [ctx.depends_on_input(a), ctx.depends_on_input(b)]
+    return (a, b) if runtime == [True, False] else (b, a) if runtime == [False, True] else None
+
+
+def _detect_const_batch(node, ctx):
+    if _const_batch_operands(node, ctx) is None:
+        return None
+    return f"{node.target.overloadpacket.__name__} of a runtime {tuple(_val(node).shape)} and a constant of that shape"
 
 
 def _detect_softmax_len1(node, ctx):
@@ -392,9 +501,19 @@ RULES: list[Rule] = [
          "safe_layernorm", _detect_layer_norm_half,
          keep=(aten.layer_norm, aten.native_layer_norm, aten.group_norm, aten.native_group_norm)),
     Rule("long-k-half-matmul", "silent", (LITERT_GPU, COREAI),
-         f"a matmul whose contraction is >= {LONG_K} long accumulates in half precision: ~1e-2 relative error",
-         "split K: zoo.rewrites.fp16.split_k_linear (automatic for F.linear / nn.Linear), or keep the projection "
-         "in fp32 (fp32_linear_accumulation)", _detect_long_k),
+         f"a matmul whose contraction is >= {LONG_K} long accumulates in half precision: on the software-Vulkan "
+         "GPU 3.4e-3 relative error at K=4096, 5.3e-3 at 16384 (split: 1.9e-3, 1.3e-3; scripts/split_k_fp16_gpu.py)",
+         "split K: zoo.rewrites.fp16.split_k_linear / split_k_matmul (automatic for linear, matmul, mm, bmm, "
+         "addmm), or keep the projection in fp32 (fp32_linear_accumulation)", _detect_long_k),
+    Rule("long-half-reduction", "silent", (LITERT_GPU, COREAI),
+         f"a sum/mean over >= {LONG_REDUCTION} values in half precision: its accumulator passes fp16's 65504 "
+         "(seed: phones; 4096 values of 200 sum to 819200)",
+         "hierarchical_reduce (zoo.rewrites.norms): reduce in stages of 32 values", _detect_long_half_reduction),
+    Rule("half-trig-large-arg", "silent", (LITERT_GPU, COREAI),
+         f"sin/cos in half precision of an angle past |x| = {TRIG_MAX_ARG:g}: fp16 keeps the angle only to "
+         "~1/32 rad there (1/8 rad past 256), so rotary/sinusoidal embeddings drift",
+         "compute the angle and its sin/cos in fp32 (keep the table an fp32 buffer, or precompute cos/sin "
+         "tables), then cast", _detect_half_trig),
     Rule("int64-compare-chain", "silent", (COREAI,),
          "bool chains of int64 comparisons clobber unrelated live buffers on the Core AI GPU",
          "build the mask in float arithmetic, e.g. 1 - (x - x.clamp(lo, hi)).abs().clamp(max=1) on x.float()",
@@ -407,16 +526,24 @@ RULES: list[Rule] = [
          "aten.remainder.Scalar is not supported by coreai-torch (remainder.Tensor is)",
          "use x - torch.div(x, m, rounding_mode='floor') * m, or a tensor divisor",
          _op(aten.remainder.Scalar, aten.fmod, detail=_remainder_detail), keep=(aten.remainder.Scalar,)),
-    Rule("complex-ops", "fatal", (LITERT, LITERT_GPU),
-         "complex tensors: litert-torch has no lowering for complex<f32> (FFT, view_as_complex, polar)",
-         "stft_conv for torch.stft; for rotary embeddings rotate real pairs (x*cos + rotate_half(x)*sin)",
+    Rule("complex-ops", "fatal", ALL_TARGETS,
+         "complex tensors: litert-torch has no lowering for complex<f32> (FFT, view_as_complex, polar); "
+         "coreai-torch 0.4.3 aborts the whole process on them (MLIR assertion 'only integers and floats have a "
+         "bitwidth', tests/doctor_modules.py rope)",
+         "stft_conv for torch.stft; complex RoPE by a constant table: complex_rotate_interleaved (automatic); "
+         "otherwise rotate real pairs (x*cos + rotate_half(x)*sin)",
          _detect_complex),
+    Rule("const-batch-elementwise", "silent", (LITERT_GPU,),
+         "add/sub/mul/div of a runtime tensor and a same-shape constant [N, C] / [N, M, C] with N > 1: the "
+         "GPU delegate accepts it and computes it wrong even in fp32", "elementwise_rank4 (zoo.rewrites.arith)",
+         _detect_const_batch),
     Rule("softmax-len1", "fatal", (LITERT_GPU,),
          "softmax over a dim of size 1 lowers to a DIV with identical inputs, rejected by the GPU delegate",
          "softmax_len1", _detect_softmax_len1),
     Rule("causal-mask-qlen", "silent", ALL_TARGETS,
          "SDPA is_causal=True is upper-left aligned when q_len != k_len: wrong for decode with a cache",
-         "pass an explicit lower-right boolean/additive mask instead of is_causal=True",
+         "pass an explicit lower-right mask: attn_mask=zoo.rewrites.attention.causal_mask_at(positions, k_len) "
+         "(not automatic: it changes what the module computes, so no gate against the original could prove it)",
          _detect_causal_mismatch, keep=(aten.scaled_dot_product_attention,)),
     # Last: ops another rule explains (grid_sampler_2d, remainder.Scalar) are claimed by then.
     Rule("coreai-unsupported-op", "fatal", (COREAI,),
@@ -519,7 +646,9 @@ def _user_frame(exc: BaseException) -> str:
 
 
 def _is_library_file(filename: str) -> bool:
-    return any(part in filename for part in ("/torch/", "/site-packages/", "zoo/doctor.py", "<frozen"))
+    # "<eval_with_key>": the generated code of a GraphModule (a graph fixed by `fix`), never the user's
+    return any(part in filename for part in ("/torch/", "/site-packages/", "zoo/doctor.py", "zoo/precision.py",
+                                             "<frozen", "<eval_with_key"))
 
 
 def source_line(node: fx.Node) -> str:
@@ -544,8 +673,9 @@ def input_derived(graph: fx.Graph, user_inputs: Iterable[str]) -> frozenset:
     return frozenset(derived)
 
 
-def lint_graph(graph: fx.Graph, target: str, rules: Sequence[Rule], user_inputs: Iterable[str] = ()) -> list[Finding]:
-    ctx = Context(target, set(), input_derived(graph, user_inputs))
+def lint_graph(graph: fx.Graph, target: str, rules: Sequence[Rule], user_inputs: Iterable[str] = (),
+               peaks: dict | None = None) -> list[Finding]:
+    ctx = Context(target, set(), input_derived(graph, user_inputs), peaks or {})
     findings = []
     for rule in rules:  # pattern rules first (list order): they claim the nodes they explain
         if target not in rule.targets:
@@ -585,7 +715,9 @@ def diagnose(module: nn.Module, example_inputs: Sequence, targets: Sequence[str]
         except ExportFailure as failure:
             return [failure.finding()]
         ep = graphs[table_key]
-        findings += lint_graph(ep.graph, target, rules, ep.graph_signature.user_inputs)
+        if (table_key, "peaks") not in graphs:
+            graphs[(table_key, "peaks")] = watched_peaks(ep, example_inputs, kwargs)
+        findings += lint_graph(ep.graph, target, rules, ep.graph_signature.user_inputs, graphs[(table_key, "peaks")])
     return merge_targets(findings)
 
 
@@ -667,8 +799,9 @@ def _decomp_clamp(x, min=None, max=None):  # noqa: A002 — ATen's argument name
 
 
 def _decomp_floor(x):
-    # floor(2x / 2) == floor(x) exactly (doubling is exact); div(rounding_mode="floor") is GPU-safe
-    return torch.div(x * 2.0, 2.0, rounding_mode="floor")
+    from zoo.rewrites.arith import floor_gpu_safe
+
+    return floor_gpu_safe(x)
 
 
 def _decomp_remainder_scalar(x, other):
@@ -695,6 +828,34 @@ def _decomp_linear(x, weight, bias=None):
     return split_k_linear(x, weight, bias)
 
 
+def _decomp_mean(x, dim=None, keepdim=False, *, dtype=None):
+    from zoo.rewrites.norms import hierarchical_reduce
+
+    out = hierarchical_reduce(x, dim, keepdim, "mean")
+    return out if dtype is None else out.to(dtype)
+
+
+def _decomp_sum(x, dim=None, keepdim=False, *, dtype=None):
+    from zoo.rewrites.norms import hierarchical_reduce
+
+    out = hierarchical_reduce(x, dim, keepdim, "sum")
+    return out if dtype is None else out.to(dtype)
+
+
+def _decomp_matmul(a, b):
+    from zoo.rewrites.fp16 import split_k_matmul
+
+    return split_k_matmul(a, b)
+
+
+def _decomp_addmm(bias, a, b, *, beta=1, alpha=1):
+    from zoo.rewrites.fp16 import split_k_matmul
+
+    out = split_k_matmul(a, b)
+    out = out if alpha == 1 else out * alpha
+    return out + (bias if beta == 1 else bias * beta)
+
+
 # rule id -> {ATen overload: decomposition}
 FIX_DECOMPOSITIONS = {
     "grid-sample": {aten.grid_sampler_2d.default: _decomp_grid_sampler_2d,
@@ -706,7 +867,11 @@ FIX_DECOMPOSITIONS = {
     "remainder-scalar": {aten.remainder.Scalar: _decomp_remainder_scalar},
     "softmax-len1": {aten._softmax.default: _decomp_softmax, aten.softmax.int: _decomp_softmax},
     "half-layer-norm": {aten.layer_norm.default: _decomp_layer_norm},
-    "long-k-half-matmul": {aten.linear.default: _decomp_linear},
+    "long-half-reduction": {aten.mean.dim: _decomp_mean, aten.mean.default: _decomp_mean,
+                            aten.sum.dim_IntList: _decomp_sum, aten.sum.default: _decomp_sum},
+    "long-k-half-matmul": {aten.linear.default: _decomp_linear, aten.matmul.default: _decomp_matmul,
+                           aten.mm.default: _decomp_matmul, aten.bmm.default: _decomp_matmul,
+                           aten.addmm.default: _decomp_addmm},
 }
 # Where a decomposition exists only for some arguments: grid_sample's clean form is bilinear with
 # zeros/border padding; other modes stay (and stay reported).
@@ -717,8 +882,11 @@ FIX_GUARDS = {aten.grid_sampler_2d.default: lambda node: node.args[2] == 0 and n
 # The half-precision rules fire on half dtypes, but the fix is made on the fp32 graph (the module the
 # user keeps): match those by shape alone.
 FIX_MATCH = {
-    "long-k-half-matmul": lambda node, ctx: _is(node, aten.linear) and _val(node.args[0]).shape[-1] >= LONG_K,
+    "long-k-half-matmul": lambda node, ctx: _is(node, *_MATMULS) and _contraction(node)[1] >= LONG_K,
     "half-layer-norm": lambda node, ctx: _is(node, aten.layer_norm),
+    "long-half-reduction": lambda node, ctx: (_is(node, *_REDUCTIONS) and _dtype(node.args[0]) == torch.float32
+                                              and _squared(node.args[0]) is None
+                                              and _reduced_count(node) >= LONG_REDUCTION),
 }
 
 
@@ -803,17 +971,20 @@ def _match_rms(node):
 
 def float_compare(op: str, a, b) -> torch.Tensor:
     """A 0/1 float mask for `a op b` on integer values, by arithmetic only (the seed's fix for int64
-    comparison chains): exact while |a - b| < 2**24."""
+    comparison chains): exact while |a - b| < 2**24. The clamps are zoo.rewrites' clamp01, not
+    clamp(0, 1): that one lowers to RELU_0_TO_1, which the LiteRT GPU delegate rejects."""
+    from zoo.rewrites.activations import clamp01
+
     d = (a.float() if isinstance(a, torch.Tensor) else float(a)) - (b.float() if isinstance(b, torch.Tensor) else float(b))
     if op == "gt":
-        return torch.clamp(d, 0.0, 1.0)
+        return clamp01(d)
     if op == "ge":
-        return torch.clamp(d + 1.0, 0.0, 1.0)
+        return clamp01(d + 1.0)
     if op == "lt":
-        return torch.clamp(-d, 0.0, 1.0)
+        return clamp01(-d)
     if op == "le":
-        return torch.clamp(1.0 - d, 0.0, 1.0)
-    ne = torch.clamp(torch.abs(d), 0.0, 1.0)
+        return clamp01(1.0 - d)
+    ne = clamp01(torch.abs(d))
     return ne if op == "ne" else 1.0 - ne
 
 
@@ -875,10 +1046,125 @@ def _fx_rank_above_4(gm: fx.GraphModule) -> int:
     return count
 
 
+def _constant_value(gm: fx.GraphModule, node, memo: dict):
+    """The value of a node computed from weights and constants only (get_attr and pure calls), in fp32."""
+    if not isinstance(node, fx.Node):
+        return node
+    if node not in memo:
+        if node.op == "get_attr":
+            value = gm
+            for part in node.target.split("."):
+                value = getattr(value, part)
+        else:
+            args = torch.utils._pytree.tree_map(lambda a: _constant_value(gm, a, memo), (node.args, node.kwargs))
+            value = node.target(*args[0], **args[1])
+        memo[node] = value
+    return memo[node]
+
+
+def _fx_fold_constant_trig(gm: fx.GraphModule) -> int:
+    """sin/cos of an angle computed from weights/constants only (a rotary or sinusoidal table)  =>  the
+    table itself, computed once in fp32 and stored as a buffer: cast to half later, its values lie in
+    [-1, 1] where fp16 is fine, instead of the angle (up to thousands) being rounded first. Bit-exact in
+    fp32 (the same computation, done ahead). Runtime angles (from the inputs) stay reported."""
+    derived = input_derived(gm.graph, [n.name for n in gm.graph.nodes if n.op == "placeholder"])
+    count, memo = 0, {}
+    for node in list(gm.graph.nodes):
+        if not _is(node, *_TRIG) or node in derived:
+            continue
+        with torch.no_grad():
+            value = _constant_value(gm, node, memo).detach().clone()
+        name = f"zoo_folded_{node.name}"
+        gm.register_buffer(name, value)
+        with gm.graph.inserting_before(node):
+            new = gm.graph.get_attr(name)
+        new.meta = {**node.meta, "val": node.meta.get("val")}
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
+def _complex_rope_match(node):
+    """(x, freqs node) if node is flatten(view_as_real(view_as_complex(reshape(x, [..., D/2, 2])) * freqs))
+    back to x's own shape, freqs computed from constants only; else None."""
+    if not _is(node, aten.flatten) or _rank(node) < 1:
+        return None
+    real = node.args[0]
+    if not _is(real, aten.view_as_real) or not _is(real.args[0], aten.mul):
+        return None
+    for c, freqs in (real.args[0].args, real.args[0].args[::-1]):
+        if _is(c, aten.view_as_complex) and isinstance(freqs, fx.Node):
+            x = _skip_pass_through(c.args[0])
+            x = x.args[0] if _is(x, *_VIEWS) else None
+            if x is not None and _val(x) is not None and tuple(_val(x).shape) == tuple(_val(node).shape):
+                return x, freqs
+    return None
+
+
+def _fx_complex_rope(gm: fx.GraphModule) -> int:
+    """Complex RoPE  =>  zoo.rewrites.spectral.complex_rotate_interleaved with the constant freqs table
+    split into real cos/sin tables (computed once, stored as buffers): no complex tensor left. Runtime
+    complex factors (from the inputs) stay reported."""
+    from zoo.rewrites.spectral import complex_rotate_interleaved, interleaved_tables, pair_rotation
+
+    derived = input_derived(gm.graph, [n.name for n in gm.graph.nodes if n.op == "placeholder"])
+    count, memo = 0, {}
+    for node in list(gm.graph.nodes):
+        match = _complex_rope_match(node)
+        if match is None or match[1] in derived:
+            continue
+        x, freqs = match
+        with torch.no_grad():
+            cos_table, sin_table = interleaved_tables(_constant_value(gm, freqs, memo))
+        names = [f"zoo_rope_{node.name}_{part}" for part in ("cos", "sin", "rotation")]
+        for name, value in zip(names, (cos_table, sin_table, pair_rotation(_val(node).shape[-1]))):
+            gm.register_buffer(name, value)
+        with gm.graph.inserting_before(node):
+            tables = [gm.graph.get_attr(name) for name in names]
+            new = gm.graph.call_function(complex_rotate_interleaved, (x, *tables))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
+def _fx_const_batch(gm: fx.GraphModule) -> int:
+    """runtime op constant (same shape [N, C] / [N, M, C])  =>  elementwise_rank4: computed at
+    [1, N*M, 1, C], the layout the GPU delegate gets right."""
+    from zoo.rewrites.arith import elementwise_rank4
+
+    derived = input_derived(gm.graph, [n.name for n in gm.graph.nodes if n.op == "placeholder"])
+    ctx, count = Context("", set(), derived), 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or len(node.args) > 2 or node.kwargs or _const_batch_operands(node, ctx) is None:
+            continue  # add(a, b, alpha=...) keeps its own form
+        with gm.graph.inserting_before(node):
+            new = gm.graph.call_function(elementwise_rank4, (node.target.overloadpacket.__name__, *node.args))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        count += 1
+    return count
+
+
 # rule id -> fx rewrite on the exported graph (returns how many places it changed)
 FIX_PATTERNS = {"repeat-kv-expand": _fx_repeat_kv, "half-rms-norm": _fx_rms_norm,
-                "int64-compare-chain": _fx_int64_chain, "rank-above-4": _fx_rank_above_4}
+                "int64-compare-chain": _fx_int64_chain, "rank-above-4": _fx_rank_above_4,
+                "half-trig-large-arg": _fx_fold_constant_trig, "complex-ops": _fx_complex_rope,
+                "const-batch-elementwise": _fx_const_batch}
 FIXABLE = tuple(FIX_DECOMPOSITIONS) + tuple(FIX_PATTERNS)
+
+
+def _drop_unused_tensors(gm: fx.GraphModule) -> None:
+    """Remove the buffers/parameters a fix left unreferenced (e.g. a complex freqs table replaced by real
+    tables): export lifts every registered tensor, and a converter refuses a complex one even unused."""
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name, _ in [*gm.named_buffers(), *gm.named_parameters()]:
+        if name in used:
+            continue
+        owner_path, _, attr = name.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        owner._buffers.pop(attr, None)
+        owner._parameters.pop(attr, None)
 
 
 @dataclasses.dataclass
@@ -905,6 +1191,7 @@ def fix(module: nn.Module, example_inputs: Sequence, targets: Sequence[str] = DE
     for rule in sorted(wanted & set(FIX_PATTERNS)):
         applied[rule] = FIX_PATTERNS[rule](gm)
     gm.graph.eliminate_dead_code()
+    _drop_unused_tensors(gm)
     gm.recompile()
     after = diagnose(gm, example_inputs, targets, precision=precision)
     return FixResult(gm, applied, before, after)
@@ -928,8 +1215,17 @@ class Proof:
     def ok(self, tol: float) -> bool:
         ok = self.converted and self.max_abs_error is not None and self.max_abs_error <= tol and not self.lint
         if self.gpu is not None:
-            ok = ok and self.gpu["status"] == "accepted" and (self.gpu["fp32_rel_err"] or 0.0) <= tol
+            ok = ok and self.gpu["status"] == "accepted" and (self.gpu["fp32_rel_err"] or 0.0) <= tol and self.fp16_ok()
         return ok
+
+    def fp16_ok(self) -> bool:
+        """The GPU's default fp16 compute within zoo.divergence.FP16_TOLERANCE of its CPU (when it ran)."""
+        from zoo.divergence import FP16_TOLERANCE
+
+        if self.gpu is None or self.gpu["status"] != "accepted":
+            return True
+        value = self.gpu["fp16_rel_err"]
+        return value is not None and float(value) <= FP16_TOLERANCE  # NaN fails
 
     def format(self) -> str:
         if not self.converted:
@@ -1089,6 +1385,8 @@ def pipeline_note(findings: list[Finding]) -> str:
 def load_factory(spec: str):
     """`pkg.mod:factory` -> (module, example_inputs) from calling the factory."""
     mod_name, _, attr = spec.partition(":")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # as `python -m` does: the `zoo` console script does not
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
@@ -1265,8 +1563,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         module, inputs = load_factory(args.subject)
         findings = diagnose(module, inputs, targets, precision=args.precision, ignore=args.ignore)
-        if (args.fix or args.prove) and findings:
-            findings, proven = report_fix(module, inputs, targets, args.precision, args.prove, args.workdir)
+        if args.fix or args.prove:
+            findings, proven = report_fix(module, inputs, targets, args.precision, args.prove, args.workdir,
+                                         args.ignore)
             code = print_findings(args.subject, findings)
             return code if proven else 1
     return print_findings(args.subject, findings)
@@ -1289,26 +1588,63 @@ def print_findings(subject: str, findings: list[Finding]) -> int:
 PROVE_TOLERANCE = 1e-4  # artifact vs original, relative to max(1, max|output|): the "approximate" class
 
 
-def report_fix(module, inputs, targets, precision, prove_it: bool = False, workdir=None):
-    """--fix: apply the graph-level fixes, show what changed and how far outputs moved; --prove: convert and
-    check each target. Returns (findings left, every proof passed)."""
+def report_fix(module, inputs, targets, precision, prove_it: bool = False, workdir=None, ignore=()):
+    """--fix: apply the graph-level fixes, show what changed and how far outputs moved, and where fp16 first
+    goes wrong if it does; --prove: convert and check each target. Returns (findings left, all proven)."""
     import tempfile
 
-    result = fix(module, inputs, targets, precision=precision)
+    result = fix(module, inputs, targets, precision=precision, only=[r for r in FIXABLE if r not in set(ignore)])
     with torch.no_grad():
         reference = module(*inputs)
         diff = max_abs_difference(reference, result.module(*inputs))
     for rule, count in sorted(result.applied.items()):
         print(f"fixed  {rule}: {count} place(s)")
     print(f"fixed graph vs original: max |diff| {diff:.3g}")
+    fp16_ok = report_fp16(module, result.module, inputs, targets, precision)
     if not prove_it:
-        return result.after, True
+        return result.after, fp16_ok
     scale = max([1.0] + [float(t.abs().max()) for t in torch.utils._pytree.tree_leaves(reference) if t.numel()])
     with tempfile.TemporaryDirectory(prefix="zoo-doctor-") as tmp:
         proofs = prove(module, result.module, inputs, targets, Path(workdir or tmp))
-    for proof in proofs:
-        print(proof.format())
-    return result.after, all(p.ok(PROVE_TOLERANCE * scale) for p in proofs)
+        for proof in proofs:
+            print(proof.format())
+            if proof.gpu and not proof.fp16_ok():  # the device's own fp16 numbers: where do they start to go?
+                _print_divergence(result.module, inputs, mode="gpu", workdir=Path(workdir or tmp) / "taps")
+    return result.after, fp16_ok and all(p.ok(PROVE_TOLERANCE * scale) for p in proofs)
+
+
+def report_fp16(original, fixed, inputs, targets, precision) -> bool:
+    """Where half precision matters (a half `precision`, or the LiteRT GPU, which computes in fp16 by
+    default): the fixed graph cast to fp16 (torch on the CPU) vs the original in fp32; when it is off, the
+    first intermediate that diverges. Returns whether it is within zoo.divergence.FP16_TOLERANCE."""
+    from zoo.divergence import FP16_TOLERANCE, relative_errors
+    from zoo.precision import cast_for_export
+
+    if precision == "fp32" and LITERT_GPU not in targets:
+        return True
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    with torch.no_grad():
+        want = [t.float().numpy() for t in torch.utils._pytree.tree_leaves(original(*inputs))]
+        got = [t.float().numpy() for t in torch.utils._pytree.tree_leaves(
+            cast_for_export(copy.deepcopy(fixed), dtype)(*inputs))]
+    error = max(relative_errors(got, want), default=0.0)
+    ok = error <= FP16_TOLERANCE
+    print(f"fp16 (torch, CPU) vs original: rel err {error:.3g} ({'within' if ok else 'above'} {FP16_TOLERANCE:g})")
+    if not ok:
+        _print_divergence(fixed, inputs, mode="emulate")
+    return ok
+
+
+def _print_divergence(module, inputs, mode: str, workdir: Path | None = None) -> None:
+    from zoo.divergence import first_divergence
+
+    try:
+        found = first_divergence(module, inputs, mode=mode, workdir=workdir)
+    except ExportFailure as failure:
+        print(f"locate fp16: the graph does not export ({_first_line(failure.exc)})")
+        return
+    print(f"locate {'(GPU) ' if mode == 'gpu' else ''}" + (found.format() if found else
+          "no intermediate exceeds the fp16 tolerance on its own: the error accumulates across ops"))
 
 
 if __name__ == "__main__":

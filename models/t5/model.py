@@ -21,7 +21,7 @@ from torch import nn
 import torch.nn.functional as F
 
 
-MASKED_SCORE = -30000.0
+from zoo.rewrites.attention import MASK_VALUE as MASKED_SCORE  # the zoo's one additive mask value
 
 
 @dataclass(frozen=True)

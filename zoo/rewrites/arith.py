@@ -19,6 +19,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,6 +45,29 @@ def _demo_select() -> Demo:
 
 
 # --- softmax over a length-1 axis ---------------------------------------------------------------------
+
+
+def floor_gpu_safe(x: torch.Tensor) -> torch.Tensor:
+    """floor(x) in the form the seed records as safe on the Core AI GPU (a bare floor lowers to identity
+    there): floor(2x / 2) == floor(x) exactly, doubling is exact, and div(rounding_mode="floor") lowers
+    to a different op. Used by zoo.doctor's floor-on-gpu fix and by RF-DETR's deformable sampler."""
+    return torch.div(x * 2.0, 2.0, rounding_mode="floor")
+
+
+_ELEMENTWISE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+
+
+def elementwise_rank4(op: str, a, b) -> torch.Tensor:
+    """`a op b` for two same-shape tensors [N, C] or [N, M, C], computed as [1, N*M, 1, C].
+
+    The LiteRT GPU delegate (software Vulkan, ai-edge-litert 2.3.0) accepts an ADD/MUL of a runtime
+    [16, 32] tensor and a [16, 32] *constant* and computes it wrong even in fp32 (rel err 1.1; the same
+    at [16, 1, 32]); with the leading axis 1 ([1, 16, 32]) or the operands as [1, 16, 1, 32] it is exact
+    (scripts/gpu_const_elementwise.py). Pure reshapes around the op: bit-exact."""
+    shape = a.shape if isinstance(a, torch.Tensor) else b.shape
+    rows = math.prod(shape[:-1])
+    lift = lambda t: t.reshape(1, rows, 1, shape[-1]) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    return _ELEMENTWISE[op](lift(a), lift(b)).reshape(shape)
 
 
 def softmax_safe(x: torch.Tensor, dim: int) -> torch.Tensor:

@@ -27,6 +27,11 @@ from zoo.rewrites.base import LITERT_GPU, NEEDED, Demo, Lambda, ModuleSwap, Rewr
 
 KvForm = Literal["expand", "cat_expand", "slice_concat", "query_fold"]
 
+# The one additive mask value (the GQA LLM, T5, these rewrites). Finite and inside fp16 range on purpose:
+# with -inf or finfo.min, a GPU kernel computing in fp16 gets 0 * mask = NaN for every visible key
+# (measured: T5's NaN output on the LiteRT GPU's fp16 run); exp(-30000 - max) is exactly 0 in fp32 and fp16.
+MASK_VALUE = -30000.0
+
 
 # --- repeat_kv: the idiom, the seed's fix, and the clean form -------------------------------------------
 
@@ -60,9 +65,13 @@ def fold_queries(q: torch.Tensor, n_kv: int) -> torch.Tensor:
 
 
 def unfold_queries(o: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Inverse of `fold_queries`: [B, n_kv, n_rep*S, D] -> [B, H, S, D]."""
+    """Inverse of `fold_queries`: [B, n_kv, n_rep*S, D] -> [B, H, S, D].
+
+    Through [B*n_kv, n_rep, S, D] (rank 4) on purpose: reshaping [.., n_rep*S, D] straight to [B, H, S, D]
+    makes torch.export guard on Min(D, n_rep*D*S) and refuse a dynamic S (an LLM's prefill)."""
     b, n_kv, rows, d = o.shape
-    return o.reshape(b, n_heads, rows * n_kv // n_heads, d)
+    n_rep = n_heads // n_kv
+    return o.reshape(b * n_kv, n_rep, rows // n_rep, d).reshape(b, n_heads, rows // n_rep, d)
 
 
 # --- the mask --------------------------------------------------------------------------------------------
@@ -170,9 +179,23 @@ class GQAAttention(nn.Module):
 # --- demos: a tiny block, seeded weights ----------------------------------------------------------------
 
 
-def causal_mask(s: int, neg: float = -1e4) -> torch.Tensor:
-    """Additive causal mask [1, 1, S, S]. A finite negative (not -inf) keeps fp16 and x*0 safe."""
-    return torch.triu(torch.full((1, 1, s, s), neg), diagonal=1)
+def causal_mask_at(positions: torch.Tensor, num_keys: int, neg: float = MASK_VALUE) -> torch.Tensor:
+    """Additive causal mask [1, 1, T, num_keys] for float query positions [1, 1, T, 1], lower-right
+    aligned: key j is visible to the query at position p iff j <= p. This is the mask SDPA's
+    `is_causal=True` does *not* build when q_len != k_len (it aligns upper-left): decode with a cache
+    needs this one.
+
+    Built as clamp(p - j + 1, 0, 1) with two ReLUs (exact on integers), so the graph has no comparison
+    or integer ops — forms the GPU delegates handle, unlike bool/int chains."""
+    keys = torch.arange(num_keys, dtype=torch.float32).reshape(1, 1, 1, num_keys)
+    diff = positions - keys + 1.0
+    visible = torch.relu(diff) - torch.relu(diff - 1.0)  # 1.0 where j <= p, else 0.0
+    return (1.0 - visible) * neg
+
+
+def causal_mask(s: int, neg: float = MASK_VALUE) -> torch.Tensor:
+    """Additive causal mask [1, 1, S, S] for queries at positions 0..S-1."""
+    return causal_mask_at(torch.arange(s, dtype=torch.float32).reshape(1, 1, s, 1), s, neg)
 
 
 def _tiny_gqa(**cfg) -> tuple[GQAAttention, tuple[torch.Tensor, torch.Tensor]]:

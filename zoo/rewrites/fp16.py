@@ -79,6 +79,24 @@ def split_k_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if k <= chunk:
         return F.linear(x, weight, bias)
     parts = [F.linear(x[..., i:i + chunk], weight[:, i:i + chunk]) for i in range(0, k, chunk)]
-    while len(parts) > 1:  # pairwise: a balanced tree of additions, not a running sum
+    out = pairwise_sum(parts)
+    return out if bias is None else out + bias
+
+
+def split_k_matmul(a: torch.Tensor, b: torch.Tensor, chunk: int = SPLIT_K_CHUNK) -> torch.Tensor:
+    """torch.matmul (mm, bmm, batched, matrix-vector) with the contraction split like split_k_linear:
+    `a`'s last axis against `b`'s second-to-last (its only axis for a vector)."""
+    k = a.shape[-1]
+    if k <= chunk:
+        return torch.matmul(a, b)
+    b_axis = 0 if b.dim() == 1 else b.dim() - 2
+    parts = [torch.matmul(a.narrow(-1, i, min(chunk, k - i)), b.narrow(b_axis, i, min(chunk, k - i)))
+             for i in range(0, k, chunk)]
+    return pairwise_sum(parts)
+
+
+def pairwise_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """A balanced tree of additions, not a running sum: log2(n) roundings deep instead of n."""
+    while len(parts) > 1:
         parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
-    return parts[0] if bias is None else parts[0] + bias
+    return parts[0]

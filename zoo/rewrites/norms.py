@@ -80,6 +80,22 @@ def _row_mean(x: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
     return hierarchical_mean(x, dims) if n > HIERARCHICAL_ABOVE else fp16.mean(x, dims)
 
 
+def hierarchical_reduce(x: torch.Tensor, dims: Sequence[int] | None = None, keepdim: bool = False,
+                        kind: str = "mean") -> torch.Tensor:
+    """x.mean(dims) / x.sum(dims) for any axes, through hierarchical_mean: no stage averages more than
+    CHUNK values, so no fp16 accumulator sees a long run. The reduced axes move last and the kept ones
+    merge into one, so every intermediate is rank <= 3 whatever x's rank (the GPU delegate stops at 4)."""
+    dims = tuple(range(x.dim())) if dims is None or len(dims) == 0 else tuple(d % x.dim() for d in dims)
+    kept = [d for d in range(x.dim()) if d not in dims]
+    n = math.prod(x.shape[d] for d in dims)
+    rows = x.permute(kept + list(dims)).reshape(math.prod(x.shape[d] for d in kept), n)
+    out = hierarchical_mean(rows, [-1])  # [rows, 1]
+    if kind == "sum":
+        out = out * float(n)
+    shape = [1 if d in dims else s for d, s in enumerate(x.shape)] if keepdim else [x.shape[d] for d in kept]
+    return out.reshape(shape)
+
+
 # --- the adaptive normalisation ----------------------------------------------------------------------
 
 

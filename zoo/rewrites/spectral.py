@@ -146,6 +146,37 @@ class ISTFTConv(nn.Module):
 N_FFT, HOP = 32, 8
 
 
+# --- complex multiplication by a constant (complex rotary embeddings) -----------------------------------
+#
+# Llama-style RoPE: view_as_complex(x.reshape(..., D/2, 2)) * freqs_cis, then view_as_real(...).flatten.
+# litert-torch has no complex<f32> lowering. The same rotation in real arithmetic on the interleaved
+# pairs (a, b) of x: (a + ib)(c + id) = (ac - bd) + i(ad + bc), i.e. x * C + rotate_pairs(x) * S with
+# C = (c, c), S = (d, d) per pair and rotate_pairs(a, b) = (-b, a) as a matmul with a signed permutation
+# (one nonzero product per output: exact in fp32), so no rank-5 pair axis and no strided interleave.
+
+
+def pair_rotation(d: int) -> torch.Tensor:
+    """[D, D] with (x @ P)[2i] = -x[2i+1], (x @ P)[2i+1] = x[2i]."""
+    p = torch.zeros(d, d)
+    idx = torch.arange(0, d, 2)
+    p[idx + 1, idx] = -1.0
+    p[idx, idx + 1] = 1.0
+    return p
+
+
+def interleaved_tables(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A complex table [..., D/2] -> its real and imaginary parts repeated per pair: two [..., D] tables."""
+    return (torch.repeat_interleave(freqs.real.float(), 2, dim=-1).contiguous(),
+            torch.repeat_interleave(freqs.imag.float(), 2, dim=-1).contiguous())
+
+
+def complex_rotate_interleaved(x: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor,
+                               rotation: torch.Tensor) -> torch.Tensor:
+    """flatten(view_as_real(view_as_complex(x.reshape(..., D/2, 2)) * freqs)) for x [..., D], in real
+    arithmetic (tables from interleaved_tables(freqs), rotation = pair_rotation(D))."""
+    return x * cos_table + (x @ rotation) * sin_table
+
+
 def _demo_stft() -> Demo:
     window = torch.hann_window(N_FFT)
     before = Lambda(
