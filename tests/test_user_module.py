@@ -82,8 +82,15 @@ def test_bad_module_input_exits_2_with_one_message(overrides, message, tmp_path,
     assert not list(tmp_path.iterdir())  # refused before any work
 
 
+def test_module_and_fix_flags_are_the_overrides():
+    from zoo.convert import flags_as_overrides
+
+    assert flags_as_overrides(["--module", "a.b:c", "--fix", "target=litert"]) == ["module=a.b:c", "fix=true", "target=litert"]
+    assert flags_as_overrides(["--module=a.b:c"]) == ["module=a.b:c"]
+
+
 def test_cli_refuses_a_factory_that_does_not_import_without_a_traceback(run_cli, tmp_path):
-    done = run_cli("zoo.convert", "module=no_such_pkg.mod:build", f"out_dir={tmp_path}")
+    done = run_cli("zoo.convert", "--module", "no_such_pkg.mod:build", "--fix", f"out_dir={tmp_path}")
     assert done.returncode == 2, done.stdout + done.stderr
     text = done.stdout + done.stderr
     assert "Cannot import 'no_such_pkg.mod'" in text and "Traceback" not in text

@@ -104,7 +104,24 @@ def _hydra_main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+def flags_as_overrides(argv: list[str]) -> list[str]:
+    """`--module pkg.mod:factory` / `--module=...` and `--fix` (the spelling in the doctor's docs) are
+    the Hydra overrides `module=...` and `fix=true`; everything else passes through unchanged."""
+    out, args = [], iter(argv)
+    for arg in args:
+        if arg == "--fix":
+            out.append("fix=true")
+        elif arg == "--module":
+            out.append(f"module={next(args, '')}")
+        elif arg.startswith("--module="):
+            out.append("module=" + arg.split("=", 1)[1])
+        else:
+            out.append(arg)
+    return out
+
+
 def main() -> None:
+    sys.argv[1:] = flags_as_overrides(sys.argv[1:])
     with error_boundary():  # every bad override is refused here, before Hydra (which would exit 1)
         register_model_configs()
         check_choices(sys.argv[1:])
