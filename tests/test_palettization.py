@@ -88,3 +88,12 @@ def test_negative_control_different_weights_of_the_same_shape_share_nothing():
     stats = PalettizationStats()
     palettize_int8(program, kmeans_workers=1, stats=stats)
     assert (stats.clustered, stats.shared) == (4, 0)
+
+
+def test_palettization_past_its_time_budget_fails_with_what_was_done():
+    _, _, _, program = _two_function_program(shared=True)
+    with pytest.raises(ZooError, match=r"time budget of 0 s: 0 weight\(s\) were palettized .* and 4 were not"):
+        palettize_int8(program, kmeans_workers=1, budget_s=0)
+    stats = PalettizationStats()  # negative control: a budget it fits in changes nothing
+    palettize_int8(program, kmeans_workers=1, budget_s=600, stats=stats)
+    assert (stats.clustered, stats.shared, stats.skipped_over_budget) == (2, 2, 0)

@@ -285,6 +285,7 @@ def _compress_options(cfg) -> dict:
     return {"int8_group_size": int(cfg.get("int8_group_size", 32)),
             "int8_kmeans_workers": int(workers) if workers else None,
             "int8_fast_kmeans": str(cfg.get("int8_fast_kmeans", "off")),
+            "int8_time_budget_s": cfg.get("int8_time_budget_s"),
             "int8_recipe": str((cfg.get("litert") or {}).get("int8_recipe", "dynamic"))}
 
 

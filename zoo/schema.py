@@ -88,6 +88,7 @@ class ModelConfig:
     # LLM it lowered the worst int8 logits cosine from 0.986 to 0.915 at the same weight reconstruction
     # error (`zoo convert model=gqa-llm target=coreai precision=int8 weights=tiny [model.int8_fast_kmeans=safe]`).
     int8_fast_kmeans: str = "off"
+    int8_time_budget_s: Optional[float] = None   # Core AI int8: fail the stage past this many seconds (null: none)
     int8_group_size: int = 32
     peak_rss_mb: Optional[int] = None          # expected peak RSS of one bundle (for launchers that pack by memory)
     variants: dict[str, Any] = field(default_factory=dict)

@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import hashlib
 import os
+import time
 import warnings
 from importlib.metadata import version
 from pathlib import Path
@@ -77,6 +78,7 @@ class PalettizationStats:
     shared: int = 0
     rounded: int = 0
     exact_too_large: int = 0
+    skipped_over_budget: int = 0   # weights left unclustered once the time budget ran out
 
     def describe(self) -> str:
         return (f"{self.clustered} distinct weight(s) clustered ({self.rounded} on 4-decimal values, "
@@ -85,7 +87,7 @@ class PalettizationStats:
 
 
 def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = None, fast_kmeans: str = "off",
-                   progress=None, stats: PalettizationStats | None = None):
+                   progress=None, stats: PalettizationStats | None = None, budget_s: float | None = None):
     """8-bit k-means palettization, one look-up table per group of 32 output channels.
 
     Weights whose leading axis is not a multiple of the group size are left in fp32 by coreai-opt
@@ -101,6 +103,10 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
     every weight, kept as the negative control: it rounds in fp16 (x * 1e4 first), so |w| > 6.5504
     becomes inf and the group's look-up table inf/NaN — SmolLM2's layer-27 gate/up (|w| up to 9.25)
     made every logit NaN. The non-finite table check below stays as the backstop either way.
+
+    budget_s (config `int8_time_budget_s`): once clustering has taken this long, the remaining weights are
+    skipped (cheaply: coreai-opt leaves a weight it cannot palettize as it was) and the stage then fails
+    with what was done — instead of a conversion that runs for an hour with no end in sight.
     """
     if fast_kmeans not in ("safe", "off", "all"):
         raise ValueError(f"fast_kmeans must be 'safe', 'off' or 'all', not {fast_kmeans!r}")
@@ -109,7 +115,8 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
     _coreai_torch()
     from coreai_opt.coreai_utils import CompressionGranularity, palettize_weights
 
-    with _forkserver_start_method(), _sharing_tables(stats, round_when_safe=fast_kmeans == "safe"), \
+    deadline = None if budget_s is None else time.monotonic() + float(budget_s)
+    with _forkserver_start_method(), _sharing_tables(stats, fast_kmeans == "safe", deadline), \
             _counting_weights(progress):
         compressed = palettize_weights(
             program,
@@ -119,6 +126,14 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
             group_size=group_size,
             num_kmeans_workers=kmeans_workers,
             enable_fast_kmeans_mode=fast_kmeans == "all",
+        )
+    if stats.skipped_over_budget:
+        done = stats.clustered + stats.shared
+        raise ZooError(
+            f"8-bit palettization ran past its time budget of {budget_s:g} s: {done} weight(s) were palettized "
+            f"({stats.clustered} clustered, {stats.shared} shared) and {stats.skipped_over_budget} were not.",
+            "raise model.int8_time_budget_s (or set it to null), or give k-means more workers "
+            "(model.int8_kmeans_workers); nothing was saved.",
         )
     bad = nonfinite_lookup_tables(compressed)
     if bad:
@@ -132,7 +147,7 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
 
 
 @contextlib.contextmanager
-def _sharing_tables(stats: PalettizationStats, round_when_safe: bool):
+def _sharing_tables(stats: PalettizationStats, round_when_safe: bool, deadline: float | None = None):
     """Cluster each distinct weight once, and round it first where that is safe.
 
     coreai-opt's per-weight work is `_blockwise_compress(weight_fp16, mode=..., nbits=..., block_sizes=...,
@@ -150,6 +165,9 @@ def _sharing_tables(stats: PalettizationStats, round_when_safe: bool):
     tables: dict[tuple, object] = {}
 
     def shared(weight, **kwargs):
+        if deadline is not None and time.monotonic() > deadline:
+            stats.skipped_over_budget += 1
+            return None  # coreai-opt: "Cannot perform palettization ... Skipped this op."
         key = (hashlib.blake2b(np.ascontiguousarray(weight).tobytes(), digest_size=16).digest(),
                weight.shape, weight.dtype.str,
                repr(sorted((k, v) for k, v in kwargs.items() if k != "num_kmeans_workers")))
@@ -309,7 +327,8 @@ class CoreAITarget:
         return convert_programs(entries, exported)
 
     def compress(self, program, precision: Precision, scratch: Path, int8_group_size: int = 32,
-                 int8_kmeans_workers: int | None = None, int8_fast_kmeans: str = "off", progress=None, **_):
+                 int8_kmeans_workers: int | None = None, int8_fast_kmeans: str = "off",
+                 int8_time_budget_s: float | None = None, progress=None, **_):
         """Returns (program, note); note None means the stage had nothing to do. `progress(done, total)`
         hears of each weight palettized."""
         if precision.name == "int8":
@@ -317,7 +336,8 @@ class CoreAITarget:
             total = count_weight_constants(program) if progress else None
             report = (lambda done, _: progress(done, total)) if progress else None
             stats = PalettizationStats()
-            compressed = palettize_int8(program, int8_group_size, workers, int8_fast_kmeans, progress=report, stats=stats)
+            compressed = palettize_int8(program, int8_group_size, workers, int8_fast_kmeans, progress=report,
+                                        stats=stats, budget_s=int8_time_budget_s)
             return (compressed, f"8-bit palettization, per grouped channel, group {int8_group_size}, "
                                 f"{workers} k-means worker(s); {stats.describe()}")
         return program, None
