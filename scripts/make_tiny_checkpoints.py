@@ -25,5 +25,30 @@ def write_t5_tiny() -> None:
     print(f"wrote {spec.tiny_dir}")
 
 
+def write_ltx_video_tiny() -> None:
+    """A diffusers pipeline folder as the Hub lays it out (model_index.json, text_encoder/, transformer/, vae/):
+    the tiny T5 above as text encoder, diffusers' own seeded init for the DiT and the VAE."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import T5Config, T5EncoderModel
+
+    from models.ltx_video import TINY_DIR, tiny_diffusers_parts
+
+    cfg = load_model_config("ltx-video")
+    t5_dir = get_spec(load_model_config("t5")).tiny_dir
+    text_encoder = T5EncoderModel(T5Config.from_pretrained(t5_dir))
+    text_encoder.load_state_dict(load_file(str(t5_dir / "model.safetensors")), strict=False)
+    text_encoder.save_pretrained(TINY_DIR / "text_encoder", safe_serialization=True)
+    for part, module in tiny_diffusers_parts(cfg).items():
+        module.save_pretrained(TINY_DIR / part, safe_serialization=True)
+    index = {"_class_name": "LTXPipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "text_encoder": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "T5Tokenizer"],
+             "transformer": ["diffusers", "LTXVideoTransformer3DModel"], "vae": ["diffusers", "AutoencoderKLLTXVideo"]}
+    (TINY_DIR / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    print(f"wrote {TINY_DIR}")
+
+
 if __name__ == "__main__":
     write_t5_tiny()
+    write_ltx_video_tiny()
