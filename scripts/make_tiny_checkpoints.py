@@ -26,20 +26,20 @@ def write_t5_tiny() -> None:
 
 
 def write_ltx_video_tiny() -> None:
-    """A diffusers pipeline folder as the Hub lays it out (model_index.json, text_encoder/, transformer/, vae/):
-    the tiny T5 above as text encoder, diffusers' own seeded init for the DiT and the VAE."""
+    """A diffusers pipeline folder as the Hub lays it out (model_index.json, text_encoder/, tokenizer/,
+    transformer/, vae/): the tiny T5 above as text encoder, the in-code Unigram tokenizer, and diffusers' own
+    seeded init for the DiT and the VAE."""
     import json
 
-    from safetensors.torch import load_file
-    from transformers import T5Config, T5EncoderModel
+    from transformers import T5EncoderModel
 
     from models.ltx_video import TINY_DIR, tiny_diffusers_parts
+    from models.ltx_video.reference import tiny_tokenizer
 
     cfg = load_model_config("ltx-video")
-    t5_dir = get_spec(load_model_config("t5")).tiny_dir
-    text_encoder = T5EncoderModel(T5Config.from_pretrained(t5_dir))
-    text_encoder.load_state_dict(load_file(str(t5_dir / "model.safetensors")), strict=False)
-    text_encoder.save_pretrained(TINY_DIR / "text_encoder", safe_serialization=True)
+    T5EncoderModel.from_pretrained(get_spec(load_model_config("t5")).tiny_dir).save_pretrained(
+        TINY_DIR / "text_encoder", safe_serialization=True)
+    tiny_tokenizer().save_pretrained(TINY_DIR / "tokenizer")
     for part, module in tiny_diffusers_parts(cfg).items():
         module.save_pretrained(TINY_DIR / part, safe_serialization=True)
     index = {"_class_name": "LTXPipeline", "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
@@ -50,5 +50,10 @@ def write_ltx_video_tiny() -> None:
 
 
 if __name__ == "__main__":
-    write_t5_tiny()
-    write_ltx_video_tiny()
+    import sys
+
+    which = sys.argv[1:] or ["t5", "ltx-video"]
+    if "t5" in which:
+        write_t5_tiny()
+    if "ltx-video" in which:
+        write_ltx_video_tiny()  # its text encoder is the t5 tiny checkpoint

@@ -69,6 +69,8 @@ class ModelConfig:
     peak_rss_mb: Optional[int] = None          # expected peak RSS of one bundle (for launchers that pack by memory)
     variants: dict[str, Any] = field(default_factory=dict)
     default_precision: dict[str, str] = MISSING
+    # component -> {target: precision}: a component whose default differs from the model's (LTX-Video's T5)
+    component_precision: dict[str, Any] = field(default_factory=dict)
     # Nested dicts stay `Any` inside: OmegaConf 2.3 cannot merge into Dict[str, Dict[str, float]]
     # ("Value 'AnyNode' is not a supported primitive type"); check_semantics checks their values instead.
     refused_precisions: dict[str, Any] = field(default_factory=dict)   # target -> {precision: reason}
@@ -98,6 +100,11 @@ def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[
             if precision not in cfg.gates:
                 problems.append(f"gates.{precision}: missing, but {target} builds {precision} for this model "
                                 f"(add thresholds, or refuse it under refused_precisions.{target}.{precision})")
+    for component, defaults in (cfg.get("component_precision") or {}).items():
+        for target, precision in (defaults or {}).items():
+            if precision not in target_precisions.get(target, ()):
+                problems.append(f"component_precision.{component}.{target}: '{precision}' is not one of "
+                                f"{', '.join(target_precisions.get(target, ()))}")
     for precision, thresholds in cfg.gates.items():
         if not hasattr(thresholds, "items"):
             problems.append(f"gates.{precision}: must map metric names to thresholds, got {thresholds!r}")

@@ -66,13 +66,15 @@ def scheduler():
     return FlowMatchEulerDiscreteScheduler.from_config(SCHEDULER_CONFIG)
 
 
-def ltx_pipeline(parts: dict):
+def ltx_pipeline(parts: dict, tokenizer):
     """diffusers LTXPipeline from {text_encoder, transformer, vae} configs + state dicts (prefix-split)."""
     from diffusers import LTXPipeline
 
-    return LTXPipeline(scheduler=scheduler(), vae=diffusers_vae(*parts["vae"]),
-                       text_encoder=hf_text_encoder(*parts["text_encoder"]), tokenizer=tiny_tokenizer(),
+    pipe = LTXPipeline(scheduler=scheduler(), vae=diffusers_vae(*parts["vae"]),
+                       text_encoder=hf_text_encoder(*parts["text_encoder"]), tokenizer=tokenizer,
                        transformer=diffusers_transformer(*parts["transformer"]))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Run:
     steps: list[dict] = field(default_factory=list)       # {hidden_states, encoder_hidden_states, timestep, ...}
     outputs: list[torch.Tensor] = field(default_factory=list)
     decoder_input: torch.Tensor | None = None               # [1, C, F, H, W], what vae.decoder got
+    decoder_timestep: torch.Tensor | None = None            # its timestep (0.9.1+ decoders), else None
     decoder_output: torch.Tensor | None = None
     frames: torch.Tensor | None = None                      # [F, H, W, 3] in [0, 1]
 
@@ -103,6 +106,8 @@ def capture_run(pipe, request: dict, seed: int) -> Run:
 
     def before_decoder(_module, args, kwargs):
         run.decoder_input = args[0].detach().clone()
+        temb = args[1] if len(args) > 1 else kwargs.get("temb")
+        run.decoder_timestep = None if temb is None else temb.detach().clone()
 
     def after_decoder(_module, _args, output):
         run.decoder_output = output.detach().clone()
