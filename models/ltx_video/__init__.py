@@ -284,13 +284,43 @@ def decoder_example_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tenso
 
 
 def decoder_extra_files(checkpoint: Checkpoint, cfg, bundle_dir: Path) -> None:
-    vae = checkpoint.config["vae"]
+    vae, grid = checkpoint.config["vae"], video_grid(checkpoint, cfg)
     state = part(checkpoint, "vae").state_dict
     facts = {"latents_mean": state["latents_mean"].tolist(), "latents_std": state["latents_std"].tolist(),
              "scaling_factor": float(vae.get("scaling_factor", 1.0)),
              "timestep_conditioning": bool(vae.get("timestep_conditioning", False)),
-             "input_names": RankFourDecoder(decoder_config(checkpoint)).input_names()}
+             "input_names": RankFourDecoder(decoder_config(checkpoint)).input_names(),
+             "noise_shapes": RankFourDecoder(decoder_config(checkpoint)).noise_shapes(grid.height, grid.width)}
     (bundle_dir / DECODER_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+
+
+def eager_networks(checkpoint: Checkpoint, cfg, port: bool = False):
+    """The three networks in eager torch for the host sampler: upstream's (port=False) or this folder's ports."""
+    from models.ltx_video.sampler import Networks
+
+    def call(module, names):
+        def run(inputs):
+            with torch.no_grad():
+                out = module(*(torch.from_numpy(np.asarray(inputs[n])) for n in names))
+            return (out[0] if isinstance(out, tuple) else out).numpy()
+        return run
+
+    encoder = (text_build if port else text_reference)(checkpoint, cfg)
+    dit = (dit_build if port else dit_reference)(checkpoint, cfg)
+    decoder = (decoder_build if port else decoder_reference)(checkpoint, cfg)
+    decoder_names = RankFourDecoder(decoder_config(checkpoint)).input_names()
+    return Networks(call(encoder, ["input_ids", "attention_mask"]), call(dit, list(DIT_INPUTS)), call(decoder, decoder_names))
+
+
+def bundle_facts(checkpoint: Checkpoint, cfg) -> tuple[dict, dict]:
+    """(sampler.json, decoder.json) as the dit and vae-decoder bundles would carry them."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        dit_extra_files(checkpoint, cfg, Path(folder))
+        decoder_extra_files(checkpoint, cfg, Path(folder))
+        return (json.loads((Path(folder) / SAMPLER_FILE).read_text()),
+                json.loads((Path(folder) / DECODER_FILE).read_text()))
 
 
 # ---------------------------------------------------------------- weights
