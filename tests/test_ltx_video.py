@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from test_hub import loopback  # noqa: F401  (the loopback Hub fixture: tests/hub_server.py + the real client)
 from zoo import gates
 from zoo.errors import ZooError
 
@@ -288,3 +289,35 @@ def test_generate_refuses_bad_bundle_requests(converted, tmp_path, run_cli):
             "pick the target with --target")
     refused(run_cli("zoo.generate", "--bundles", str(folder), "--target", "litert", *prompt, "--out",
                     str(tmp_path / "a.mp4")), "written as .gif")
+
+
+# ---------------------------------------------------------------- weights=hub, on a checkpoint laid out as the Hub lays it out
+
+
+def test_hub_weights_fetch_only_the_pipeline_parts_at_the_pinned_revision(ltx, loopback):
+    """The Lightricks repo layout (diffusers parts in sub-folders, original-format single files at the root) on the
+    loopback Hub, through the real client: only the parts are fetched, every file is hashed, the parts load
+    strictly, and an unpinned revision is refused before any download."""
+    from zoo.registry import get_spec
+    from zoo.weights import resolve
+
+    m = ltx["module"]
+    files = {p.relative_to(m.TINY_DIR).as_posix(): p.read_bytes() for p in m.TINY_DIR.rglob("*") if p.is_file()}
+    files["ltx-video-2b-v0.9.safetensors"] = b"original-format single file: must not be fetched"
+    sha = loopback.seed_repo("zoo-test/ltx-video-tiny", files)
+    cfg = ltx["cfg"].copy()
+    cfg.variants.tiny.hub = {"repo_id": "zoo-test/ltx-video-tiny", "revision": None,
+                             "patterns": list(ltx["cfg"].variants["0.9.0"].hub.patterns)}
+    spec = get_spec(cfg)
+    with pytest.raises(ZooError, match="revision"):
+        resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
+    cfg.variants.tiny.hub.revision = sha
+    checkpoint = resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
+    assert checkpoint.provenance["revision"] == sha and checkpoint.is_real
+    assert set(checkpoint.config) == {"text_encoder", "transformer", "vae"}
+    assert not (Path(checkpoint.provenance["path"]) / "ltx-video-2b-v0.9.safetensors").exists()
+    assert set(checkpoint.provenance["files"]) == {"text_encoder/model.safetensors", "vae/diffusion_pytorch_model.safetensors",
+                                                   "transformer/diffusion_pytorch_model.safetensors"}
+    for name in ("text-encoder", "dit", "vae-decoder"):
+        spec.component(name).build(checkpoint, cfg)   # strict loads (a missing key is named: test above)
+    assert m.load_tokenizer(checkpoint)("a cat").input_ids == m.load_tokenizer(ltx["checkpoint"])("a cat").input_ids

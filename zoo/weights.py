@@ -282,9 +282,12 @@ def _from_hub(model_cfg) -> Checkpoint:
     repo_id = source.repo_id
     revision = hub.require_pinned(repo_id, source.revision, bool(source.get("allow_unpinned", False)))
     # hub.download verifies every file against the Hub's metadata and repairs a broken cache first.
-    patterns = hub.WEIGHT_PATTERNS
-    folder = hub.download(repo_id, revision)
-    if not _weight_files(folder):  # older repos ship only pytorch_model.bin
+    # A variant may name its own file patterns: a diffusers pipeline repo keeps its parts in sub-folders
+    # (LTX-Video's also holds multi-GB original-format files at its root that must not be fetched).
+    custom = list(source.get("patterns") or [])
+    patterns = custom or hub.WEIGHT_PATTERNS
+    folder = hub.download(repo_id, revision, patterns)
+    if not custom and not _weight_files(folder):  # older repos ship only pytorch_model.bin
         patterns = hub.LEGACY_WEIGHT_PATTERNS
         folder = hub.download(repo_id, revision, patterns)
     try:
