@@ -321,3 +321,17 @@ def test_hub_weights_fetch_only_the_pipeline_parts_at_the_pinned_revision(ltx, l
     for name in ("text-encoder", "dit", "vae-decoder"):
         spec.component(name).build(checkpoint, cfg)   # strict loads (a missing key is named: test above)
     assert m.load_tokenizer(checkpoint)("a cat").input_ids == m.load_tokenizer(ltx["checkpoint"])("a cat").input_ids
+
+
+def test_component_default_precision_is_typed_and_checked(ltx):
+    from zoo.precision import resolve_precision
+    from zoo.schema import check_semantics
+    from zoo.targets import TARGET_PRECISIONS
+
+    cfg = ltx["cfg"].copy()
+    assert resolve_precision("default", "coreai", cfg, component="text-encoder").name == "bf16"
+    assert resolve_precision("default", "coreai", cfg, component="dit").name == "fp32"
+    assert resolve_precision("fp16", "coreai", cfg, component="text-encoder").name == "fp16"  # asked for: honoured
+    assert check_semantics(cfg, TARGET_PRECISIONS) == []
+    cfg.component_precision = {"text-encoder": {"litert": "bf16"}}   # LiteRT has no bf16
+    assert any("component_precision.text-encoder.litert" in p for p in check_semantics(cfg, TARGET_PRECISIONS))

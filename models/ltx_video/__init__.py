@@ -93,7 +93,10 @@ _RUNS: dict = {}
 
 def eager_run(checkpoint: Checkpoint, cfg) -> upstream.Run:
     """The eager diffusers pipeline on this checkpoint, captured once per (checkpoint, request, seed)."""
-    key = (id(checkpoint.state_dict), json.dumps(pipeline_request(cfg), sort_keys=True), int(cfg.seed))
+    # keyed on what the weights are (provenance: file hashes, or variant + seed for random ones), never on an
+    # object id that a later checkpoint could reuse
+    key = (json.dumps(checkpoint.provenance, sort_keys=True, default=str), json.dumps(pipeline_request(cfg), sort_keys=True),
+           int(cfg.seed))
     if key not in _RUNS:
         parts = {name: (checkpoint.config[name], upstream.split(checkpoint.state_dict, name + "."))
                  for name in ("text_encoder", "transformer", "vae")}
