@@ -258,6 +258,10 @@ def test_every_component_converts_on_both_targets_and_passes_every_step(converte
         for component in ("dit", "vae-decoder"):
             gpu = json.loads((folder / component / "litert-fp32" / "report.json").read_text())["gpu"]
             assert gpu["status"] == "accepted", gpu
+        # per-component GPU policy: the DiT is gated on the GPU's fp16 run, the reused T5 only in enforced fp32
+        fp16_gated = {c: any(g["metric"] == "gpu_fp16_cosine" for g in manifests[f"{c}/litert-fp32"]["gates"])
+                      for c in ("text-encoder", "dit", "vae-decoder")}
+        assert fp16_gated == {"text-encoder": False, "dit": True, "vae-decoder": True}
 
 
 @pytest.mark.parametrize("target", ["coreai", "litert"])
@@ -326,6 +330,15 @@ def test_hub_weights_fetch_only_the_pipeline_parts_at_the_pinned_revision(ltx, l
     for name in ("text-encoder", "dit", "vae-decoder"):
         spec.component(name).build(checkpoint, cfg)   # strict loads (a missing key is named: test above)
     assert m.load_tokenizer(checkpoint)("a cat").input_ids == m.load_tokenizer(ltx["checkpoint"])("a cat").input_ids
+
+
+def test_gpu_policy_of_a_component_overrides_only_what_it_names(ltx):
+    from zoo.targets.litert import gpu_policy
+
+    text, dit = gpu_policy(ltx["cfg"], "fp32", "text-encoder"), gpu_policy(ltx["cfg"], "fp32", "dit")
+    assert text.fp32_only and dit.fp32_only is None
+    assert text.require_resident and dit.require_resident and text.fp32_rel_tol == dit.fp32_rel_tol
+    assert gpu_policy(ltx["cfg"], "fp32") == dit  # no component: the model's block
 
 
 def test_component_default_precision_is_typed_and_checked(ltx):

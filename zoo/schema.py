@@ -42,6 +42,8 @@ class GpuSection:
     # A generative model's own gate (token metrics) on greedy generation computed by the GPU in fp16;
     # empty: the model's `gates.fp16`.
     fp16_token_gate: dict[str, float] = field(default_factory=dict)
+    # component -> keys of this block that differ for it (LTX-Video: its T5 is fp32-only on the GPU, its DiT not)
+    components: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
