@@ -21,6 +21,7 @@ def catalog_rows() -> list[dict]:
             "components": [c.name + (" (generative)" if c.generative else "") for c in spec.components],
             "gpu_fp32_only": dict(cfg.gpu.fp32_only),
             "defaults": {t: cfg.default_precision[t] for t in TARGET_NAMES},
+            "component_defaults": {c: dict(v) for c, v in (cfg.get("component_precision") or {}).items()},
             "precisions": {t: list(get_target(t).precisions) for t in TARGET_NAMES},
             "refused": {t: list(v) for t, v in (cfg.get("refused_precisions") or {}).items()},
             "weights": cfg.weights,
@@ -41,8 +42,10 @@ def main() -> None:
         refused = "; ".join(f"{t} refuses {', '.join(v)} (precision.force=true)" for t, v in row["refused"].items())
         if row["gpu_fp32_only"]:
             refused += f"\nLiteRT GPU: fp32 only at {', '.join(row['gpu_fp32_only'])}"
-        table.add_row(row["model"], ", ".join(row["components"]), row["weights"], row["defaults"]["coreai"],
-                      row["defaults"]["litert"], also + (f"\n{refused}" if refused else ""), row["summary"])
+        defaults = {t: row["defaults"][t] + "".join(f"\n({c}: {v[t]})" for c, v in row["component_defaults"].items() if t in v)
+                    for t in TARGET_NAMES}
+        table.add_row(row["model"], ", ".join(row["components"]), row["weights"], defaults["coreai"],
+                      defaults["litert"], also + (f"\n{refused}" if refused else ""), row["summary"])
     Console(width=160).print(table)
     print("targets: coreai (.aimodel, Core AI CPU runtime here), litert (.tflite, CPU interpreter)")
 

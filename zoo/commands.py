@@ -17,7 +17,7 @@ COMMANDS = {
     "convert": ("zoo.convert", "one model through the requested targets and precisions (make convert)"),
     "list": ("zoo.catalog", "models, components, targets and default precisions (make list)"),
     "bench": ("zoo.bench", "conversion cost, size, gates and latency per bundle (make bench)"),
-    "generate": ("zoo.generate", "stream text from a generative bundle"),
+    "generate": ("zoo.generate", "stream text from a generative bundle, or run a model's bundles (--bundles DIR)"),
     "demo": ("zoo.demo", "every model through both targets on its default weights (make demo)"),
     "verify": ("zoo.verify", "re-check a bundle: hashes, then optionally its gates"),
     "publish": ("zoo.publish", "stage verified bundles + a model card and upload them to the Hub"),

@@ -159,6 +159,19 @@ def min_logits_cosine(candidate, reference) -> float:
     return nan_min(logits_cosines(candidate, reference))
 
 
+# ---------------------------------------------------------------- sampler steps (per-step capture)
+
+
+def min_step_cosine(candidate_steps, reference_steps) -> float:
+    """Lowest per-step cosine of a sampler's network outputs, each step fed the reference pipeline's own
+    captured inputs; NaN if any step is NaN, a step is missing or misshapen, or there are no steps."""
+    if len(candidate_steps) != len(reference_steps) or not reference_steps:
+        return float("nan")
+    if any(np.shape(c) != np.shape(r) for c, r in zip(candidate_steps, reference_steps)):
+        return float("nan")
+    return nan_min(cosine(c, r) for c, r in zip(candidate_steps, reference_steps))
+
+
 # ---------------------------------------------------------------- LiteRT GPU check (zoo/targets/litert_gpu.py)
 
 
@@ -208,6 +221,8 @@ METRICS: dict[str, Metric] = {
                "before the first divergence", "token streams"),
         Metric("min_logits_cosine", min_logits_cosine, True, "lowest per-step logits cosine vs the reference "
                "while both streams share the same context", "token streams"),
+        Metric("min_step_cosine", min_step_cosine, True, "lowest cosine over every sampler step, the network fed "
+               "the eager pipeline's captured inputs of that step; NaN if a step is missing", "sampler steps"),
         Metric("detection_recall", detection_recall, True, "fraction of reference detections above the score "
                "threshold matched by a same-class detection (IoU and score within tolerance); NaN if there are "
                "none", "detection sets"),

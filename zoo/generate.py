@@ -109,12 +109,27 @@ def require_prompt(prompt: str) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.generate", description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", help="optional: refuse a bundle of any other model")
-    parser.add_argument("--bundle", required=True, type=Path)
+    parser.add_argument("--bundle", type=Path, help="one generative bundle (an LLM)")
+    parser.add_argument("--bundles", type=Path, help="a converted model's folder: its bundles chained by the model's "
+                        "own host-side pipeline (e.g. LTX-Video: text -> frames; zoo/generate_pipeline.py)")
+    parser.add_argument("--out", type=Path, help="with --bundles: the file to write (e.g. clip.gif)")
+    parser.add_argument("--target", choices=["coreai", "litert"], help="with --bundles: which target's bundles")
+    parser.add_argument("--seed", type=int, help="with --bundles: sampler seed (default: the bundle's)")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the one shipped in the bundle)")
     args = parser.parse_args(argv)
     require_prompt(args.prompt)
+    if (args.bundle is None) == (args.bundles is None):
+        raise ZooError("Pass exactly one of --bundle (a generative bundle) and --bundles (a model's converted folder).",
+                       "e.g. --bundle exports/gqa-llm/coreai-fp32, or --bundles exports/ltx-video --out clip.gif.")
+    if args.bundles is not None:
+        from zoo import generate_pipeline
+
+        if args.out is None:
+            raise ZooError("--bundles needs --out: where to write what the pipeline makes.", "add e.g. --out clip.gif.")
+        generate_pipeline.run(args.bundles, args.prompt, args.out, args.model, args.target, args.seed)
+        return 0
     if args.max_new_tokens < 1:
         raise ZooError(f"--max-new-tokens {args.max_new_tokens} asks for no text.", "pass a positive count, e.g. --max-new-tokens 32.")
     print(args.prompt, end="", flush=True)

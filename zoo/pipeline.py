@@ -77,10 +77,12 @@ class VerifyContext:
 
 
 def default_verify(ctx: VerifyContext) -> tuple[list, dict]:
-    """The config's thresholds on every output of one call through the component's session."""
+    """The config's array thresholds on every output of one call through the component's session (metrics
+    over token streams, detection sets or sampler steps belong to the components that produce those)."""
     with ctx.session as session:
         outputs = session.run(ctx.inputs)
-    return gates.evaluate(outputs, ctx.reference_outputs, ctx.thresholds), {"outputs": io_contract(outputs)}
+    thresholds = {m: t for m, t in ctx.thresholds.items() if gates.METRICS[m].compares == "arrays"}
+    return gates.evaluate(outputs, ctx.reference_outputs, thresholds), {"outputs": io_contract(outputs)}
 
 
 def io_contract(arrays: dict[str, np.ndarray]) -> list[dict]:
@@ -106,9 +108,10 @@ def bundle_path(out_dir: Path, spec: ModelSpec, component: Component, target: st
     return folder / f"{target}-{precision}"
 
 
-def resolve_all_precisions(cfg, targets: list[str], requested: str, force: bool) -> dict[str, Precision]:
+def resolve_all_precisions(cfg, targets: list[str], requested: str, force: bool,
+                           component: str | None = None) -> dict[str, Precision]:
     """Check every target's precision before any work, so a bad request costs nothing."""
-    return {t: resolve_precision(requested, t, cfg, force) for t in targets}
+    return {t: resolve_precision(requested, t, cfg, force, component) for t in targets}
 
 
 def convert_model(cfg, targets: list[str], precision: str = "default", force_precision: bool = False,
@@ -121,7 +124,7 @@ def convert_model(cfg, targets: list[str], precision: str = "default", force_pre
     out_dir = safe_out_dir(out_dir)  # refuses an empty out_dir or one inside a bundle, before any work
     spec = get_spec(cfg)
     selected = [spec.component(n) for n in components] if components else spec.components
-    precisions = resolve_all_precisions(cfg, targets, precision, force_precision)
+    by_component = {c.name: resolve_all_precisions(cfg, targets, precision, force_precision, c.name) for c in selected}
     ensure_writable(out_dir)
     shared = StageLog(**(console.stage_log_hooks() if console else {}))
     with shared.stage("resolve_weights") as record:
@@ -140,6 +143,7 @@ def convert_model(cfg, targets: list[str], precision: str = "default", force_pre
             port_parity = {n: gates.cosine(port_outputs[n], reference_outputs[n]) for n in component.output_names}
             record.note = "port vs reference cosine " + ", ".join(f"{k}={v:.9f}" for k, v in port_parity.items())
         del reference
+        precisions = by_component[component.name]
         for target in targets:
             if console:
                 console.begin(spec.name, component.name, target, precisions[target].name)

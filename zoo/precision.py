@@ -33,15 +33,21 @@ PRECISIONS = {
 }
 
 
-def resolve_precision(requested: str, target: str, model_cfg, force: bool = False) -> Precision:
+def default_precision(model_cfg, target: str, component: str | None = None) -> str:
+    """The model's per-target default, or the component's own where the config names one."""
+    own = ((model_cfg.get("component_precision") or {}).get(component) or {}).get(target) if component else None
+    return str(own or model_cfg.default_precision[target])
+
+
+def resolve_precision(requested: str, target: str, model_cfg, force: bool = False, component: str | None = None) -> Precision:
     """Pick the precision for one target, refusing what the target or the model cannot honour.
 
-    `requested == "default"` takes the model's per-target default. Nothing is ever substituted:
-    an impossible request is an error that says what would work instead.
+    `requested == "default"` takes the component's default for the target (component_precision), else the
+    model's. Nothing is ever substituted: an impossible request is an error that says what would work instead.
     """
     from zoo.targets import get_target  # late import: targets import this module
 
-    name = model_cfg.default_precision[target] if requested == "default" else requested
+    name = default_precision(model_cfg, target, component) if requested == "default" else requested
     if name not in PRECISIONS:
         raise ZooError(
             f"Unknown precision '{name}'.",

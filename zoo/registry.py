@@ -121,6 +121,10 @@ class ModelSpec:
     # What the published model card declares (zoo.publish): the Hub's task name and the weights' license.
     pipeline_tag: str | None = None
     license: str | None = None
+    # A model whose use chains several bundles (text encoder -> sampler over a DiT -> decoder) drives them
+    # from the host: run_pipeline(sessions, facts, prompt, out, seed) -> a one-paragraph summary
+    # (`zoo generate MODEL --bundles DIR`); sessions/facts are by component name (zoo/generate.py).
+    run_pipeline: Callable | None = None
 
     def component(self, name: str) -> Component:
         for component in self.components:

@@ -42,6 +42,8 @@ class GpuSection:
     # A generative model's own gate (token metrics) on greedy generation computed by the GPU in fp16;
     # empty: the model's `gates.fp16`.
     fp16_token_gate: dict[str, float] = field(default_factory=dict)
+    # component -> keys of this block that differ for it (LTX-Video: its T5 is fp32-only on the GPU, its DiT not)
+    components: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +95,8 @@ class ModelConfig:
     peak_rss_mb: Optional[int] = None          # expected peak RSS of one bundle (for launchers that pack by memory)
     variants: dict[str, Any] = field(default_factory=dict)
     default_precision: dict[str, str] = MISSING
+    # component -> {target: precision}: a component whose default differs from the model's (LTX-Video's T5)
+    component_precision: dict[str, Any] = field(default_factory=dict)
     # Nested dicts stay `Any` inside: OmegaConf 2.3 cannot merge into Dict[str, Dict[str, float]]
     # ("Value 'AnyNode' is not a supported primitive type"); check_semantics checks their values instead.
     refused_precisions: dict[str, Any] = field(default_factory=dict)   # target -> {precision: reason}
@@ -122,6 +126,11 @@ def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[
             if precision not in cfg.gates:
                 problems.append(f"gates.{precision}: missing, but {target} builds {precision} for this model "
                                 f"(add thresholds, or refuse it under refused_precisions.{target}.{precision})")
+    for component, defaults in (cfg.get("component_precision") or {}).items():
+        for target, precision in (defaults or {}).items():
+            if precision not in target_precisions.get(target, ()):
+                problems.append(f"component_precision.{component}.{target}: '{precision}' is not one of "
+                                f"{', '.join(target_precisions.get(target, ()))}")
     for precision, thresholds in cfg.gates.items():
         if not hasattr(thresholds, "items"):
             problems.append(f"gates.{precision}: must map metric names to thresholds, got {thresholds!r}")

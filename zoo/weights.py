@@ -117,10 +117,34 @@ def load_weight_file(path: Path) -> tuple[dict, dict[str, torch.Tensor], dict[st
     return {}, state_dict, {path.name: sha256_file(path)}
 
 
+PIPELINE_INDEX = "model_index.json"
+
+
+def pipeline_parts(folder: Path) -> list[str]:
+    """The sub-folders a diffusers pipeline folder (model_index.json) lists that hold a config.json."""
+    index = json.loads((Path(folder) / PIPELINE_INDEX).read_text())
+    return sorted(k for k, v in index.items() if isinstance(v, list) and (Path(folder) / k / "config.json").is_file())
+
+
+def load_pipeline_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
+    """A diffusers pipeline laid out as the Hub lays it out (model_index.json, one folder per part): config
+    {part: its config.json}, state-dict keys and file names prefixed `part.` / `part/`."""
+    config, state_dict, hashes = {}, {}, {}
+    for part in pipeline_parts(folder):
+        part_config, part_state, part_hashes = load_folder(Path(folder) / part)
+        config[part] = part_config
+        state_dict.update({f"{part}.{k}": v for k, v in part_state.items()})
+        hashes.update({f"{part}/{k}": v for k, v in part_hashes.items()})
+    return config, state_dict, hashes
+
+
 def load_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
-    """config.json + every weight file of a checkpoint folder; corrupt files are named, not crashed on."""
+    """config.json + every weight file of a checkpoint folder; corrupt files are named, not crashed on.
+    A diffusers pipeline folder (model_index.json + one folder per part) loads every part."""
     folder = Path(folder)
     config_path = folder / "config.json"
+    if folder.is_dir() and not config_path.is_file() and (folder / PIPELINE_INDEX).is_file():
+        return load_pipeline_folder(folder)
     if not folder.is_dir() or not config_path.is_file():
         raise ZooError(
             f"{folder} is not a checkpoint folder (it needs config.json and *.safetensors).",
@@ -261,9 +285,12 @@ def _from_hub(model_cfg) -> Checkpoint:
     repo_id = source.repo_id
     revision = hub.require_pinned(repo_id, source.revision, bool(source.get("allow_unpinned", False)))
     # hub.download verifies every file against the Hub's metadata and repairs a broken cache first.
-    patterns = hub.WEIGHT_PATTERNS
-    folder = hub.download(repo_id, revision)
-    if not _weight_files(folder):  # older repos ship only pytorch_model.bin
+    # A variant may name its own file patterns: a diffusers pipeline repo keeps its parts in sub-folders
+    # (LTX-Video's also holds multi-GB original-format files at its root that must not be fetched).
+    custom = list(source.get("patterns") or [])
+    patterns = custom or hub.WEIGHT_PATTERNS
+    folder = hub.download(repo_id, revision, patterns)
+    if not custom and not _weight_files(folder):  # older repos ship only pytorch_model.bin
         patterns = hub.LEGACY_WEIGHT_PATTERNS
         folder = hub.download(repo_id, revision, patterns)
     try:

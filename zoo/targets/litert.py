@@ -145,7 +145,7 @@ class LiteRTTarget:
         from zoo import gates
         from zoo.schema import StageOutcome
 
-        policy = gpu_policy(cfg, precision.name)
+        policy = gpu_policy(cfg, precision.name, (evidence or {}).get("component"))
         if not policy.check:
             # Asked for explicitly: no residency gate, but the status says so, and CI
             # (ZOO_REQUIRE_GPU_CHECK=1, policy.require_check) still fails the bundle.
@@ -235,11 +235,14 @@ class LiteRTRunner:
         self.close()
 
 
-def gpu_policy(cfg, precision: str):
-    """The model's `gpu:` config block at one precision, as a gates.GpuPolicy."""
+def gpu_policy(cfg, precision: str, component: str | None = None):
+    """The model's `gpu:` config block at one precision, as a gates.GpuPolicy; a component's entry under
+    `gpu.components` replaces the keys it names."""
     from zoo.gates import GpuPolicy
 
-    gpu = cfg.get("gpu") or {}
+    gpu = dict(cfg.get("gpu") or {})
+    if component is not None:
+        gpu.update((gpu.get("components") or {}).get(component) or {})
     fp16_tol = (gpu.get("fp16_rel_tol") or {}).get(precision)
     fp16_cos = (gpu.get("fp16_min_cosine") or {}).get(precision)
     return GpuPolicy(
