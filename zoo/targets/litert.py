@@ -181,6 +181,7 @@ class LiteRTRunner:
         require_tflite_file(Path(path))
         from ai_edge_litert.interpreter import Interpreter
 
+        self.path = Path(path)  # a component's verify may look beside it (an LLM's model.litertlm)
         self._interpreter = Interpreter(model_path=str(path), num_threads=num_threads or os.cpu_count())
         self.function_names = list(self._interpreter.get_signature_list())
         self._runners = {n: self._interpreter.get_signature_runner(n) for n in self.function_names}
