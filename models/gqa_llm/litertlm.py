@@ -27,6 +27,11 @@ from zoo.errors import ZooError
 
 ARTIFACT = "model.litertlm"
 
+# The engine's "no cache" setting (what `litert-lm run --cache no` passes as cache_dir). Its default, a
+# disk cache, writes a model-sized `.xnnpack_cache` beside the model (539 MB for SmolLM2, measured):
+# inside a hashed bundle that is an unlisted file, and a 2x disk bill.
+NO_CACHE = ":nocache"
+
 # Re-authored for LiteRT-LM from SmolLM2's ChatML template: content may be a string (HF) or a list of
 # {"type": "text", "text": ...} parts (LiteRT-LM); the HF default system turn is kept.
 CHAT_TEMPLATE = """\
@@ -131,12 +136,7 @@ def write_litertlm(tflite: Path, tokenizer_json: Path, metadata, out: Path) -> P
 # Runtime
 # --------------------------------------------------------------------------------------------
 class LiteRTLMSession:
-    """The LiteRT-LM engine (CPU backend) over a .litertlm, greedy, with the weight cache off.
-
-    Cache off on purpose: the engine's default writes a model-sized `.xnnpack_cache` beside the model
-    (539 MB for SmolLM2, measured): it would land inside a hashed bundle. The engine is told to cache
-    into a private temporary folder that dies with the session.
-    """
+    """The LiteRT-LM engine (CPU backend) over a .litertlm, greedy, with the weight cache off (NO_CACHE)."""
 
     def __init__(self, path: Path, num_threads: int | None = None):
         self.path = Path(path)
@@ -149,13 +149,11 @@ class LiteRTLMSession:
         if not self.path.is_file():
             raise ZooError(f"{self.path} does not exist.", "convert with target=litert: it writes model.litertlm.")
         litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
-        self._scratch = tempfile.TemporaryDirectory(prefix="zoo-litertlm-cache-")
         t0 = time.perf_counter()
         try:
             self.engine = litert_lm.Engine(str(self.path), backend=litert_lm.Backend.CPU(thread_count=self.num_threads),
-                                           cache_dir=self._scratch.name)
+                                           cache_dir=NO_CACHE)
         except RuntimeError as exc:  # the engine's reasons go to stderr; its exception only says it failed
-            self._scratch.cleanup()
             raise ZooError(f"LiteRT-LM could not load {self.path} ({exc}).",
                            "re-convert with target=litert; the engine's stderr above names the missing piece.") from exc
         self.load_s = time.perf_counter() - t0
@@ -163,7 +161,6 @@ class LiteRTLMSession:
 
     def __exit__(self, *exc) -> None:
         self.engine.close()
-        self._scratch.cleanup()
 
     def _session(self, new_tokens: int):
         import litert_lm
