@@ -51,6 +51,15 @@ def test_registry_explains_and_computes_every_metric():
         assert metric.explains and callable(metric.fn), metric.name  # no metric judged "elsewhere"
 
 
+def test_runtime_text_gate_passes_only_identical_text():
+    """litertlm_text_exact: a runtime's greedy text vs the expected tokens decoded; None (no text) fails."""
+    ok = gates.evaluate({"p": " G, H, I"}, {"p": " G, H, I"}, {"litertlm_text_exact": 1.0})
+    assert gates.all_passed(ok)
+    for wrong in (" G, H, J", " G, H, I,", None):
+        assert not gates.all_passed(gates.evaluate({"p": wrong}, {"p": " G, H, I"}, {"litertlm_text_exact": 1.0}))
+    assert not gates.all_passed(gates.evaluate({}, {"p": " G"}, {"litertlm_text_exact": 1.0}))  # missing output
+
+
 # ---------------------------------------------------------------- GPU gates
 
 

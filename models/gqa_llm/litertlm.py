@@ -138,9 +138,10 @@ def write_litertlm(tflite: Path, tokenizer_json: Path, metadata, out: Path) -> P
 class LiteRTLMSession:
     """The LiteRT-LM engine (CPU backend) over a .litertlm, greedy, with the weight cache off (NO_CACHE)."""
 
-    def __init__(self, path: Path, num_threads: int | None = None):
+    def __init__(self, path: Path, num_threads: int | None = None, benchmark: bool = False):
         self.path = Path(path)
         self.num_threads = num_threads or os.cpu_count()
+        self.benchmark = benchmark  # the engine keeps its own prefill/decode counters (timed())
         self.load_s = None
 
     def __enter__(self) -> "LiteRTLMSession":
@@ -152,7 +153,7 @@ class LiteRTLMSession:
         t0 = time.perf_counter()
         try:
             self.engine = litert_lm.Engine(str(self.path), backend=litert_lm.Backend.CPU(thread_count=self.num_threads),
-                                           cache_dir=NO_CACHE)
+                                           cache_dir=NO_CACHE, enable_benchmark=self.benchmark)
         except RuntimeError as exc:  # the engine's reasons go to stderr; its exception only says it failed
             raise ZooError(f"LiteRT-LM could not load {self.path} ({exc}).",
                            "re-convert with target=litert; the engine's stderr above names the missing piece.") from exc
@@ -165,30 +166,32 @@ class LiteRTLMSession:
     def _session(self, new_tokens: int):
         import litert_lm
 
+        # Greedy: top-k 1. The prompt template stays off so the engine sees exactly the gate's raw prompt.
         return self.engine.create_session(apply_prompt_template=False, max_output_tokens=int(new_tokens),
                                           sampler_config=litert_lm.SamplerConfig(top_k=1, temperature=0.0))
 
     def generate_text(self, prompt: str, new_tokens: int) -> str:
         """Greedy continuation of raw `prompt` (no chat template), at most `new_tokens` tokens."""
-        with self._session(new_tokens) as session:
-            session.run_prefill([prompt])
-            responses = session.run_decode()
-        return "".join(responses.texts)
+        return "".join(self.stream_text(prompt, new_tokens))
 
     def stream_text(self, prompt: str, new_tokens: int):
         """The same, chunk by chunk as the engine detokenizes (zoo generate prints these)."""
         with self._session(new_tokens) as session:
-            session.run_prefill([prompt])
-            for responses in session.run_decode_async():
-                yield "".join(responses.texts)
+            try:
+                session.run_prefill([prompt])
+                for responses in session.run_decode_async():
+                    yield "".join(responses.texts)
+            except RuntimeError as exc:  # the engine's reason is on stderr; its exception only names the call
+                raise ZooError(f"LiteRT-LM failed on this prompt ({exc}); the prompt plus {new_tokens} new tokens "
+                               "may not fit the bundle's exported context.",
+                               "shorten the prompt or --max-new-tokens, or re-convert with "
+                               "model.context_len=<larger>.") from exc
 
     def timed(self, prompt: str, new_tokens: int) -> dict:
-        """Prefill and decode tokens/s as the engine's own benchmark counters report them."""
-        import litert_lm
-
-        with self.engine.create_session(apply_prompt_template=False, max_output_tokens=int(new_tokens),
-                                        sampler_config=litert_lm.SamplerConfig(top_k=1, temperature=0.0)) as session:
+        """One greedy generation, timed by the engine's own counters (needs benchmark=True)."""
+        with self._session(new_tokens) as session:
             session.run_prefill([prompt])
             session.run_decode()
             info = session.get_benchmark_info()
-        return info
+        return {"prefill_tokens": info.last_prefill_token_count, "prefill_tok_s": info.last_prefill_tokens_per_second,
+                "decode_tokens": info.last_decode_token_count, "decode_tok_s": info.last_decode_tokens_per_second}
