@@ -147,8 +147,11 @@ class LiteRTLMSession:
     def __enter__(self) -> "LiteRTLMSession":
         import litert_lm
 
+        from zoo.integrity import verify_artifact_in_bundle
+
         if not self.path.is_file():
             raise ZooError(f"{self.path} does not exist.", "convert with target=litert: it writes model.litertlm.")
+        verify_artifact_in_bundle(self.path)  # in a bundle: its manifest hashes first, like every runner
         litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
         t0 = time.perf_counter()
         try:
