@@ -268,20 +268,23 @@ def run(args, out=print) -> int:
     if args.stage_only and args.stage_only.exists() and any(args.stage_only.iterdir()):
         raise ZooError(f"--stage-only {args.stage_only} is not empty.", "pass an empty or new folder.")
     if args.repo:
-        return publish_to(args, cfg, spec, bundles, args.repo, soft, forced, api, out, args.stage_only)
-    # The ecosystem's layout: one repo per target (<Model>-CoreAI, <Model>-LiteRT).
-    name = repo_model_name(cfg, spec, bundles)
-    groups = {t: [b for b in bundles if b.manifest.get("target") == t] for t in REPO_SUFFIX}
-    groups = {t: g for t, g in groups.items() if g}
-    for target, group in groups.items():
-        repo_id = default_repo(name, target, api)
-        # --stage-only with several repos: one subfolder per repo, named like it.
-        stage_dir = args.stage_only and (args.stage_only / repo_id.rsplit("/", 1)[-1] if len(groups) > 1 else args.stage_only)
-        publish_to(args, cfg, spec, group, repo_id, soft, forced, api, out, stage_dir)
+        publish_to(args, cfg, spec, bundles, args.repo, forced, api, out, args.stage_only)
+    else:  # the ecosystem's layout: one repo per target (<Model>-CoreAI, <Model>-LiteRT)
+        name = repo_model_name(cfg, spec, bundles)
+        groups = {t: [b for b in bundles if b.manifest.get("target") == t] for t in REPO_SUFFIX}
+        groups = {t: g for t, g in groups.items() if g}
+        for target, group in groups.items():
+            repo_id = default_repo(name, target, api)
+            # --stage-only with several repos: one subfolder per repo, named like it.
+            stage_dir = args.stage_only and (args.stage_only / repo_id.rsplit("/", 1)[-1] if len(groups) > 1
+                                             else args.stage_only)
+            publish_to(args, cfg, spec, group, repo_id, forced, api, out, stage_dir)
+    if soft and not args.force:  # a preview shows every plan first, then refuses
+        raise _tiny_weights_refusal(soft)
     return 0
 
 
-def publish_to(args, cfg, spec, bundles: list[Bundle], repo_id: str, soft: list[str], forced: bool, api, out,
+def publish_to(args, cfg, spec, bundles: list[Bundle], repo_id: str, forced: bool, api, out,
                stage_dir: Path | None) -> int:
     """Stage `bundles` with their card into one repo (into `stage_dir` if given), and upload unless staging
     or previewing."""
@@ -294,8 +297,6 @@ def publish_to(args, cfg, spec, bundles: list[Bundle], repo_id: str, soft: list[
         if catalog_files:
             files = staged_files(folder)
         _print_plan(out, repo_id, args.revision, folder, files, str(card), preview or bool(stage_dir))
-        if soft and not args.force:
-            raise _tiny_weights_refusal(soft)
         if preview or stage_dir:
             out(f"{'dry run' if preview else 'staged in ' + str(folder)}: nothing uploaded.")
             return 0
