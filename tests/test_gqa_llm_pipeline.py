@@ -272,3 +272,15 @@ def test_real_smollm2_coreai_int8_is_finite_and_passes_its_gate(tmp_path):
 
     result = _real_coreai_bundle("int8", tmp_path)
     assert "lut_to_dense" in CoreAITarget().summary(result.path / "model.aimodel")
+
+
+def test_publish_stages_one_repo_per_target_and_the_litert_card_runs_the_litertlm(bundles, tmp_path):
+    from zoo.publish import main
+
+    exports = bundles["litert"].path.parent.parent
+    assert main(["gqa-llm", "--stage-only", str(tmp_path / "stage"), "--force", "--exports", str(exports)]) == 0
+    litert, coreai = tmp_path / "stage" / "gqa-llm-tiny-LiteRT", tmp_path / "stage" / "gqa-llm-tiny-CoreAI"
+    assert (litert / "litert-fp32" / "model.litertlm").is_file() and not (litert / "coreai-fp32").exists()
+    assert (coreai / "coreai-fp32" / "model.aimodel").is_dir() and not (coreai / "litert-fp32").exists()
+    assert "litert-lm run litert-fp32/model.litertlm --backend cpu --cache no" in (litert / "README.md").read_text()
+    assert "litert-lm run" not in (coreai / "README.md").read_text()

@@ -185,7 +185,20 @@ def _run_snippets(repo_id: str, bundles) -> list[str]:
                       f"run = interpreter.get_signature_runner(\"{function}\")",
                       f"outputs = run(**{{{zeros}}})",
                       "print({k: v.shape for k, v in outputs.items()})", "```"]
-    return lines
+    return lines + _litertlm_snippet(repo_id, bundles)
+
+
+def _litertlm_snippet(repo_id: str, bundles) -> list[str]:
+    """A bundle that ships a `.litertlm` (an LLM packed for the LiteRT-LM runtime) gets the CLI line that runs it;
+    `--cache no`: the default disk cache writes a model-sized `.xnnpack_cache` beside the file."""
+    found = [(b, f) for b in bundles for f in (b.manifest.get("files") or {}) if f.endswith(".litertlm")]
+    if not found:
+        return []
+    bundle, name = found[0]
+    return ["", f"**LiteRT-LM (`pip install litert-lm==0.18.1`)** — `{bundle.rel}/{name}`", "", "```bash",
+            f"hf download {repo_id} --include \"{bundle.rel}/*\" --local-dir .",
+            f"litert-lm run {bundle.rel}/{name} --backend cpu --cache no --prompt \"What is the capital of France?\"",
+            "```"]
 
 
 def _measured_block(readme: Path) -> str:
