@@ -206,6 +206,32 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
     }
 
 
+def merge_earlier_rows(data: dict, spec, earlier: Path, overrides: list[str]) -> dict:
+    """A narrowed bench (`target=` / `precision=`) replaces only the rows it re-ran: the committed bench.json's
+    other rows stay, each stamped with the command and date of the run that made it (the README says so)."""
+    stamp = {"command": data["header"]["command"], "date": data["header"]["date"]}
+    for row in data["rows"]:
+        row["run"] = stamp
+    narrowed = requested(overrides, "target") or requested(overrides, "precision")
+    if not narrowed or not earlier.is_file():
+        return data
+    old = json.loads(earlier.read_text())
+    old_stamp = {"command": old["header"]["command"], "date": old["header"]["date"]}
+    fresh = {(r["component"], r["target"], r["precision"]) for r in data["rows"]}
+    kept = [{**r, "run": r.get("run", old_stamp)} for r in old.get("rows", [])
+            if (r["component"], r["target"], r["precision"]) not in fresh]
+    names = [c.name for c in spec.components]
+
+    def order(row):
+        precisions = get_target(row["target"]).precisions
+        return (names.index(row["component"]) if row["component"] in names else len(names),
+                TARGET_NAMES.index(row["target"]),
+                precisions.index(row["precision"]) if row["precision"] in precisions else len(precisions))
+
+    data["rows"] = sorted(kept + data["rows"], key=order)
+    return data
+
+
 def bench_folder(cfg, given: str | None) -> Path:
     return Path(given) if given else model_config_files()[cfg.name].parent
 
@@ -227,6 +253,7 @@ def main(argv: list[str]) -> int:
         return exc.exit_code
     folder = bench_folder(cfg, bench_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    data = merge_earlier_rows(data, spec, folder / "bench.json", overrides)
     (folder / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
     measures = {c.name: measure_of(c) for c in spec.components}
     table = measured_table(data, measures)
