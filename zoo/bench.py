@@ -153,6 +153,18 @@ def requested(overrides: list[str], key: str) -> list[str] | None:
     return None if value in (None, "", "all", "default") else value.split(",")
 
 
+def make_command(model: str, overrides: list[str]) -> str:
+    """The `make bench` line that re-runs this bench (TARGET/PRECISION are Make variables, as for convert)."""
+    as_make = {"target": "TARGET", "precision": "PRECISION"}
+    words = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key in as_make and value in ("all", "default"):
+            continue  # the Makefile's defaults
+        words.append(f"{as_make[key]}={value}" if key in as_make else override)
+    return " ".join([f"make bench MODEL={model}", *words])
+
+
 def refusal_of(cfg, target: str, precision: str) -> str | None:
     return ((cfg.get("refused_precisions") or {}).get(target) or {}).get(precision)
 
@@ -190,7 +202,7 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
                     rows.append(row)
     return {
         "header": {
-            "command": f"make bench MODEL={model}" + "".join(f" {o}" for o in overrides),
+            "command": make_command(model, overrides),
             "date": date.today().isoformat(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.get_num_threads()} threads, "
                        f"Python {platform.python_version()}",
