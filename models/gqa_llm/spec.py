@@ -154,13 +154,15 @@ def litertlm_gates(ctx, tokenizer, references: dict, interpreter: dict) -> tuple
     whose gate is token-exact the reference is transformers fp32; elsewhere (int8) tokens may differ from
     it by design, so the runtime must reproduce the interpreter's own greedy run of the same graph.
     A missing or unloadable .litertlm is a failed gate, never a skip."""
+    from zoo.targets.litert import ARTIFACT as TFLITE
+
     from .litertlm import ARTIFACT, LiteRTLMSession, stop_token_ids
 
     against = "reference" if "token_exact" in ctx.thresholds else "interpreter"
     streams = references if against == "reference" else interpreter
     stops = stop_token_ids(tokenizer)
     expected = {f"litert-lm:{k}": expected_runtime_text(s, tokenizer, stops) for k, s in streams.items()}
-    path = Path(getattr(ctx.runner, "path", ctx.bundle_dir / "model.tflite")).parent / ARTIFACT
+    path = Path(getattr(ctx.runner, "path", ctx.bundle_dir / TFLITE)).parent / ARTIFACT  # beside the .tflite run
     found, note = {}, {"file": ARTIFACT, "against": against, "texts": {}}
     try:
         with LiteRTLMSession(path) as session:
