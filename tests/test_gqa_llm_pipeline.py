@@ -193,6 +193,10 @@ def test_generate_refuses_a_prompt_longer_than_the_context(bundles, run_cli):
     proc = run_cli("zoo.generate", "gqa-llm", "--bundle", str(bundles["litert"].path), "--prompt", "x" * 300)
     assert proc.returncode == 2
     assert "exported context of 256 tokens" in " ".join(proc.stderr.split() + proc.stdout.split())
+    proc = run_cli("zoo.generate", "gqa-llm", "--bundle", str(bundles["litert"].path), "--prompt", "x" * 300,
+                   "--runtime", "litert-lm")
+    said = " ".join(proc.stderr.split() + proc.stdout.split())
+    assert proc.returncode == 2 and "may not fit the bundle's exported context" in said and "Traceback" not in said
 
 
 def test_generate_refuses_the_wrong_tokenizer(bundles, tmp_path, run_cli):
