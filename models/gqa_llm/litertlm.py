@@ -97,6 +97,8 @@ def llm_metadata(tokenizer, context_len: int):
     context, template, capabilities."""
     from litert_lm_builder.runtime.proto import llm_metadata_pb2
 
+    for marker in ("<|im_start|>", "<|im_end|>"):  # the template's turn markers must be single tokens
+        token_id(tokenizer, marker)
     meta = llm_metadata_pb2.LlmMetadata()
     start = start_token_id(tokenizer)
     if start is not None:
