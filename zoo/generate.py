@@ -2,8 +2,8 @@
 
 Runs the bundle itself (Core AI CPU runtime or LiteRT CPU interpreter, whichever its manifest names)
 with greedy decoding and the tokenizer shipped inside the bundle; `--runtime NAME` runs another file of the
-bundle on another runtime instead, one the component declares (`Component.runtimes`, e.g. `litert-lm`). Which bundles can generate is read from
-the manifest (`session: generative`, written by the pipeline from the component's declaration), and the
+bundle on another runtime instead, one the component declares (`Component.runtimes`, e.g. `litert-lm`).
+Which bundles can generate is read from the manifest (`session: generative`, written by the pipeline from the component's declaration), and the
 session that drives it is the component's own `session` hook: no model names here.
 """
 
@@ -140,8 +140,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the one shipped in the bundle)")
-    parser.add_argument("--runtime", help="run another file of the bundle on another runtime the model declares "
-                                          "(gqa-llm LiteRT bundles: litert-lm, their model.litertlm)")
+    parser.add_argument("--runtime", help="run another file of the bundle on another runtime its model declares "
+                                          "(e.g. litert-lm: an LLM bundle's model.litertlm)")
     args = parser.parse_args(argv)
     require_prompt(args.prompt)
     if args.max_new_tokens < 1:
