@@ -3,8 +3,9 @@
 Runs the bundle itself (Core AI CPU runtime or LiteRT CPU interpreter, whichever its manifest names)
 with greedy decoding and the tokenizer shipped inside the bundle; `--runtime NAME` runs another file of the
 bundle on another runtime instead, one the component declares (`Component.runtimes`, e.g. `litert-lm`).
-Which bundles can generate is read from the manifest (`session: generative`, written by the pipeline from the component's declaration), and the
-session that drives it is the component's own `session` hook: no model names here.
+Which bundles can generate is read from the manifest (`session: generative`, written by the pipeline from
+the component's declaration), and the session that drives it is the component's own `session` hook: no
+model names here.
 """
 
 from __future__ import annotations
