@@ -229,10 +229,12 @@ def merge_earlier_rows(data: dict, spec, earlier: Path, overrides: list[str]) ->
         return data
     old = json.loads(earlier.read_text())
     old_stamp = {"command": old["header"]["command"], "date": old["header"]["date"]}
-    fresh = {(r["component"], r["target"], r["precision"]) for r in data["rows"]}
-    kept = [{**r, "run": r.get("run", old_stamp)} for r in old.get("rows", [])
-            if (r["component"], r["target"], r["precision"]) not in fresh]
     names = [c.name for c in spec.components]
+    fresh = {(r["component"], r["target"], r["precision"]) for r in data["rows"]}
+    # Rows of a one-component model's older bench.json carry no component: it can only be that one.
+    old_rows = [{"component": names[0], **r} for r in old.get("rows", [])]
+    kept = [{**r, "run": r.get("run", old_stamp)} for r in old_rows
+            if (r["component"], r["target"], r["precision"]) not in fresh]
 
     def order(row):
         precisions = get_target(row["target"]).precisions
