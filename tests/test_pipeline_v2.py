@@ -269,3 +269,12 @@ def test_a_narrowed_bench_keeps_the_other_rows_and_says_where_they_come_from(tmp
                                      "command above)."]
     full = merge_earlier_rows(new_data(), spec, earlier, [])  # not narrowed: nothing kept
     assert len(full["rows"]) == 2 and _earlier_runs(full) == []
+
+
+def test_rows_of_an_older_bench_json_keep_their_measured_values():
+    from zoo.card import row_measure
+
+    legacy = {"target": "coreai", "precision": "fp32", "gate": "g", "decode_tok_s": 30.3,
+              "eager": {"decode_tok_s": 24.2}, "prompts": [{"prompt": "p"}]}
+    assert row_measure(legacy) == {"decode_tok_s": 30.3, "eager_decode_tok_s": 24.2, "prompts": [{"prompt": "p"}]}
+    assert row_measure({"target": "litert", "measure": {"decode_tok_s": 1.0}}) == {"decode_tok_s": 1.0}

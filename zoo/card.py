@@ -50,7 +50,7 @@ def measured_table(bench: dict, measures: dict) -> str:
                 lines.append(f"| {row['target']} | {row['precision']} | refused: {row['reason']} |" + " |" * (4 + len(extra)))
                 continue
             gate = row["gate"] + (f" ({row['status_note']})" if row.get("status_note") else "")
-            cells = [_cell((row.get("measure") or {}).get(key)) for key, _ in measure.columns]
+            cells = [_cell(row_measure(row).get(key)) for key, _ in measure.columns]
             lines.append(
                 f"| {row['target']} | {row['precision']} | {gate} | {_fmt(row['convert_s'])} | "
                 f"{_fmt(row['peak_rss_mb'], 4)} | {_fmt(row['size_mb'])} | "
@@ -62,6 +62,28 @@ def measured_table(bench: dict, measures: dict) -> str:
             header = (bench.get("measures") or {}).get(component, {}).get("header", {})
             lines += [""] + measure.details(rows, header)
     return "\n".join(lines)
+
+
+# Keys every bench row has besides what its component's Measure returned.
+COMMON_ROW_KEYS = {"component", "target", "precision", "status", "status_note", "reason", "gate", "gate_worst",
+                   "convert_s", "stage_s", "peak_rss_mb", "size_mb", "size_vs_fp32", "run", "weights", "bytes"}
+
+
+def row_measure(row: dict) -> dict:
+    """What the component's Measure returned for a bench row. Rows kept from an older bench.json (before
+    measures had their own key) held those values flat, nested ones as dicts: `eager: {decode_tok_s}` is
+    today's `eager_decode_tok_s`."""
+    if "measure" in row:
+        return row["measure"] or {}
+    found = {}
+    for key, value in row.items():
+        if key in COMMON_ROW_KEYS:
+            continue
+        if isinstance(value, dict):
+            found.update({f"{key}_{sub}": v for sub, v in value.items()})
+        else:
+            found[key] = value
+    return found
 
 
 def _earlier_runs(bench: dict) -> list[str]:

@@ -195,8 +195,10 @@ def details(rows: list[dict], header: dict) -> list[str]:
         "| min logits cosine | candidate text |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    from zoo.card import row_measure
+
     for r in rows:
-        for p in (r.get("measure") or {}).get("prompts", []):
+        for p in row_measure(r).get("prompts", []):
             text = (p["candidate_text"] or "").replace("\n", "\\n").replace("|", "\\|")
             lines.append(f"| {r['target']} | {r['precision']} | `{p['prompt']}` | {p['verdict']} | "
                          f"{_g(p['token_agreement'])} | {_g(p['first_divergence'])} | "
