@@ -164,3 +164,12 @@ def test_worst_shows_nan():
     from zoo.console import worst_per_metric
 
     assert "nan" in worst_per_metric(results)[0]
+
+
+def test_gpu_fp16_token_gate_is_never_stricter_than_the_precisions_own():
+    from zoo.targets.litert import no_stricter_than
+
+    gpu = {"token_agreement": 0.75, "min_logits_cosine": 0.99}
+    assert no_stricter_than(gpu, {"token_agreement": 0.5, "min_logits_cosine": 0.9}) == \
+        {"token_agreement": 0.5, "min_logits_cosine": 0.9}                                      # int8: its own
+    assert no_stricter_than(gpu, {"token_exact": 1, "min_logits_cosine": 0.9999}) == gpu      # fp32: unchanged

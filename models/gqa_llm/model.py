@@ -669,8 +669,11 @@ def coreai_entries(lm: GQAForCausalLM, context_len: int) -> list[Entry]:
 
 
 def litert_lm_inputs(t: int) -> dict[str, torch.Tensor]:
-    """LiteRT-LM's input names: `tokens` [1, T] and `input_pos` [T] (one absolute position per token)."""
-    return {"tokens": torch.zeros(1, t, dtype=torch.int32), "input_pos": torch.arange(t, dtype=torch.int32)}
+    """LiteRT-LM's input names: `tokens` [1, T] and `input_pos` [T] (one absolute position per token).
+
+    The values are what the pipeline's GPU check feeds: one real token at position 0 and, for T > 1, the rest
+    padded the way LiteRT-LM pads (token 0 at position 0) — so the check also runs the padding path."""
+    return {"tokens": torch.zeros(1, t, dtype=torch.int32), "input_pos": torch.zeros(t, dtype=torch.int32)}
 
 
 def litert_entries(lm: GQAForCausalLM, context_len: int, prefill_len: int,
