@@ -37,8 +37,9 @@ test-slow: setup
 	$(PY) -m pytest -m slow -q
 
 ## measure conversion, runtime latency vs eager, and size; regenerates models/<model>/README.md "Measured"
+## (TARGET=/PRECISION= narrow the run: only those rows are replaced, the others keep their earlier run)
 bench: setup
-	$(PY) -m zoo.bench model=$(MODEL)
+	$(PY) -m zoo.bench model=$(MODEL) target=$(TARGET) precision=$(PRECISION)
 
 ## regenerate docs/gpu-table.md: every rewrite before/after on the LiteRT GPU delegate (software Vulkan)
 gpu-table: setup

@@ -51,6 +51,15 @@ def test_registry_explains_and_computes_every_metric():
         assert metric.explains and callable(metric.fn), metric.name  # no metric judged "elsewhere"
 
 
+def test_runtime_text_gate_passes_only_identical_text():
+    """litertlm_text_exact: a runtime's greedy text vs the expected tokens decoded; None (no text) fails."""
+    ok = gates.evaluate({"p": " G, H, I"}, {"p": " G, H, I"}, {"litertlm_text_exact": 1.0})
+    assert gates.all_passed(ok)
+    for wrong in (" G, H, J", " G, H, I,", None):
+        assert not gates.all_passed(gates.evaluate({"p": wrong}, {"p": " G, H, I"}, {"litertlm_text_exact": 1.0}))
+    assert not gates.all_passed(gates.evaluate({}, {"p": " G"}, {"litertlm_text_exact": 1.0}))  # missing output
+
+
 # ---------------------------------------------------------------- GPU gates
 
 
@@ -173,3 +182,12 @@ def test_one_rule_for_zeros_nan_and_shapes_in_every_array_metric():
     for ref, got in ((zeros, zeros), (ones, zeros), (ones, np.array([1.0, np.nan, 1.0, 1.0])), (ones, ones * 2)):
         expected = (gates.max_abs(got, ref), gates.rel_max_abs(got, ref), gates.cosine(got, ref))
         assert np.array_equal(np.array(_errors(ref, got)), np.array(expected), equal_nan=True)
+
+
+def test_gpu_fp16_token_gate_is_never_stricter_than_the_precisions_own():
+    from zoo.targets.litert import no_stricter_than
+
+    gpu = {"token_agreement": 0.75, "min_logits_cosine": 0.99}
+    assert no_stricter_than(gpu, {"token_agreement": 0.5, "min_logits_cosine": 0.9}) == \
+        {"token_agreement": 0.5, "min_logits_cosine": 0.9}                                      # int8: its own
+    assert no_stricter_than(gpu, {"token_exact": 1, "min_logits_cosine": 0.9999}) == gpu      # fp32: unchanged

@@ -176,8 +176,7 @@ def test_qwen_variants_match_transformers(model_type):
         last = stateful(ids.int(), torch.tensor([0], dtype=torch.int32))
         torch.testing.assert_close(last[0, -1], expected[0, -1], atol=1e-5, rtol=1e-5)
         io = LiteRTCacheIOLM(with_scaled_norms(ours), 32)
-        out = io(ids.int(), torch.tensor([0], dtype=torch.int32), torch.tensor([20], dtype=torch.int32),
-                 **io.empty_caches())
+        out = io(ids.int(), torch.arange(20, dtype=torch.int32), **io.empty_caches())
         torch.testing.assert_close(out["logits"][0, -1], expected[0, -1], atol=1e-5, rtol=1e-5)
 
 
@@ -192,10 +191,13 @@ def test_export_forms_match_eagerly(tiny_lm, tiny_prompt, tiny_reference_stream)
 
     def io_step(ids, start):
         nonlocal caches
-        padded = torch.zeros(1, TINY_PREFILL + len(ids), dtype=torch.int32)  # also checks padding is inert
+        # Padded the way LiteRT-LM pads (token 0 at position 0): also checks padding is inert.
+        padded = torch.zeros(1, TINY_PREFILL + len(ids), dtype=torch.int32)
+        positions = torch.zeros(TINY_PREFILL + len(ids), dtype=torch.int32)
         padded[0, : len(ids)] = torch.tensor(ids)
+        positions[: len(ids)] = torch.arange(start, start + len(ids))
         with torch.no_grad():
-            out = io(padded, torch.tensor([start], dtype=torch.int32), torch.tensor([len(ids)], dtype=torch.int32), **caches)
+            out = io(padded, positions, **caches)
         caches = {k: v for k, v in out.items() if k != "logits"}
         return out["logits"][0, -1].numpy()
 
@@ -506,11 +508,12 @@ def test_smollm2_litert_on_gpu_delegate(smollm2, smollm2_tflite):
         session.step(prompt, 0)
         caches = {n: c.copy() for n, c in session.caches.items()}
     padded = np.zeros((1, REAL_PREFILL), np.int32)
+    positions = np.zeros(REAL_PREFILL, np.int32)
     padded[0, : len(prompt)] = prompt
+    positions[: len(prompt)] = np.arange(len(prompt))
     inputs = {
-        "prefill": {"input_ids": padded, "start": np.array([0], np.int32), "length": np.array([len(prompt)], np.int32),
-                    **{n: np.zeros_like(c) for n, c in caches.items()}},
-        "decode": {"input_ids": np.array([[ref_stream.tokens[0]]], np.int32), "start": np.array([len(prompt)], np.int32),
+        "prefill": {"tokens": padded, "input_pos": positions, **{n: np.zeros_like(c) for n, c in caches.items()}},
+        "decode": {"tokens": np.array([[ref_stream.tokens[0]]], np.int32), "input_pos": np.array([len(prompt)], np.int32),
                    **caches},
     }
     check = gpu_check(smollm2_tflite, inputs, timeout_s=900)

@@ -39,11 +39,12 @@ def realistic_inputs(path) -> dict:
         caches = {n: c.copy() for n, c in session.caches.items()}
     n = len(history)
     chunk = np.zeros((1, PREFILL), np.int32)
+    positions = np.zeros(PREFILL, np.int32)  # LiteRT-LM's padding: token 0 at position 0
     chunk[0, : PREFILL - 3] = np.arange(60, 60 + PREFILL - 3)
+    positions[: PREFILL - 3] = np.arange(n, n + PREFILL - 3)
     return {
-        "prefill": {"input_ids": chunk, "start": np.array([n], np.int32), "length": np.array([PREFILL - 3], np.int32),
-                    **caches},
-        "decode": {"input_ids": np.array([[77]], np.int32), "start": np.array([n], np.int32), **caches},
+        "prefill": {"tokens": chunk, "input_pos": positions, **caches},
+        "decode": {"tokens": np.array([[77]], np.int32), "input_pos": np.array([n], np.int32), **caches},
     }
 
 

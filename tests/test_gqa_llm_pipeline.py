@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from zoo.errors import ZooError
 from zoo.pipeline import convert_model
@@ -75,6 +76,108 @@ def test_negative_control_a_perturbed_llm_fails_the_token_gate(cfg, tmp_path, mo
     result = convert_model(cfg.model, ["litert"], out_dir=tmp_path, weights_spec="tiny")[0]
     assert result.status == "gate_failed"
     assert any(g.metric == "token_exact" and not g.passed for g in result.gates)
+    # The .litertlm packs the same wrong weights: the LiteRT-LM runtime's text differs from the reference too.
+    assert any(g.metric == "litertlm_text_exact" and not g.passed for g in result.gates)
+
+
+# ---------------------------------------------------------------- LiteRT-LM (model.litertlm)
+
+
+def test_litert_bundle_carries_a_litertlm_that_the_litert_lm_runtime_reproduces(bundles):
+    result = bundles["litert"]
+    manifest = json.loads((result.path / "manifest.json").read_text())
+    assert "model.litertlm" in manifest["files"]  # hashed like every file of the bundle
+    assert (result.path / "model.litertlm").read_bytes()[:8] == b"LITERTLM"
+    runtime = [g for g in result.gates if g.metric == "litertlm_text_exact"]
+    assert [g.output for g in runtime] == [f"litert-lm:prompt{i}" for i in range(3)] and all(g.passed for g in runtime)
+    # Cache off: the engine's default disk cache would leave an unlisted .xnnpack_cache in the bundle.
+    assert not [p for p in result.path.rglob("*") if "xnnpack_cache" in p.name]
+    report = json.loads((result.path / "report.json").read_text())
+    assert report["litert_lm"]["against"] == "reference"
+    assert "model.litertlm" not in json.loads((bundles["coreai"].path / "manifest.json").read_text())["files"]
+
+
+def test_litertlm_metadata_names_the_tokenizers_own_tokens(bundles):
+    """What the engine reads back from the file: no start token (the tiny/SmolLM2 tokenizers add none),
+    EOS and <|im_end|> as stop tokens, and a chat template that takes content as a list of parts."""
+    import litert_lm
+
+    from models.gqa_llm.litertlm import CHAT_TEMPLATE
+
+    engine = litert_lm.Engine(str(bundles["litert"].path / "model.litertlm"), cache_dir=":nocache")
+    try:
+        assert engine.bos_token_id is None and sorted(engine.eos_token_ids) == [[256], [258]]
+        with engine.create_conversation() as conversation:
+            rendered = conversation.render_message_to_string({"role": "user", "content": [{"type": "text", "text": "Hi"}]})
+    finally:
+        engine.close()
+    assert "<|im_start|>user\nHi<|im_end|>" in rendered and "is string" in CHAT_TEMPLATE
+
+
+def test_negative_control_a_litertlm_with_the_wrong_start_token_fails_its_gate(bundles, tmp_path):
+    """The engine prepends LlmMetadata.start_token to every prompt: a .litertlm that declares <|im_start|>
+    (SmolLM2's bos_token, which its tokenizer never adds) runs, but its greedy text is not the reference's."""
+    import shutil
+
+    from models.gqa_llm.litertlm import llm_metadata, write_litertlm
+    from zoo.bundle import MANIFEST, file_hashes, write_json
+    from zoo.verify import rerun_gates
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(bundles["litert"].path, bundle)
+    tokenizer = AutoTokenizer.from_pretrained(bundle / "tokenizer")
+    metadata = llm_metadata(tokenizer, 256)
+    metadata.start_token.token_ids.ids.append(tokenizer.convert_tokens_to_ids("<|im_start|>"))
+    write_litertlm(bundle / "model.tflite", bundle / "tokenizer" / "tokenizer.json", metadata, bundle / "model.litertlm")
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    manifest["files"] = file_hashes(bundle)  # as if the converter itself had written the wrong metadata
+    write_json(bundle / MANIFEST, manifest)
+    results = rerun_gates(bundle, manifest)
+    runtime = [g for g in results if g.metric == "litertlm_text_exact"]
+    assert len(runtime) == 3 and not any(g.passed for g in runtime)
+    assert all(g.passed for g in results if g.metric != "litertlm_text_exact")  # the interpreter is still right
+
+
+def test_a_missing_litertlm_fails_the_runtime_gate(bundles, tmp_path):
+    import shutil
+
+    from zoo.bundle import MANIFEST, write_json
+    from zoo.verify import rerun_gates
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(bundles["litert"].path, bundle)
+    (bundle / "model.litertlm").unlink()
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    del manifest["files"]["model.litertlm"]  # a bundle made without it (e.g. by an older zoo)
+    write_json(bundle / MANIFEST, manifest)
+    runtime = [g for g in rerun_gates(bundle, manifest) if g.metric == "litertlm_text_exact"]
+    assert len(runtime) == 3 and not any(g.passed for g in runtime)  # NaN: never a skip
+
+
+def test_generate_drives_the_litertlm_on_litert_lm(bundles):
+    from zoo.generate import generate
+
+    bundle = bundles["litert"].path
+    tokens = generate(bundle, "The alphabet begins", 8, out=io.StringIO())  # the interpreter's greedy tokens
+    on_runtime = io.StringIO()
+    generate(bundle, "The alphabet begins", 8, out=on_runtime, runtime="litert-lm")
+    # The engine ends at any of the .litertlm's stop tokens and prints other special tokens as text (the
+    # interpreter path hides them): compare with the interpreter's tokens cut and decoded that way.
+    from models.gqa_llm.litertlm import stop_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(bundle / "tokenizer")
+    stops = stop_token_ids(tokenizer)
+    expected = tokenizer.decode(tokens[:next((i for i, t in enumerate(tokens) if t in stops), len(tokens))])
+    assert on_runtime.getvalue() == expected + "\n" and len(expected) > 1
+
+
+def test_generate_refuses_a_runtime_the_bundle_cannot_run(bundles, run_cli):
+    proc = run_cli("zoo.generate", "--bundle", str(bundles["litert"].path), "--prompt", "Hi", "--runtime", "onnx")
+    assert proc.returncode == 2 and "no runtime 'onnx'" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("zoo.generate", "--bundle", str(bundles["coreai"].path), "--prompt", "Hi", "--runtime", "litert-lm")
+    assert proc.returncode == 2 and "model.litertlm does not exist" in " ".join((proc.stdout + proc.stderr).split())
+    assert "Traceback" not in proc.stderr
 
 
 def test_generate_streams_from_each_bundle(bundles):
@@ -90,6 +193,10 @@ def test_generate_refuses_a_prompt_longer_than_the_context(bundles, run_cli):
     proc = run_cli("zoo.generate", "gqa-llm", "--bundle", str(bundles["litert"].path), "--prompt", "x" * 300)
     assert proc.returncode == 2
     assert "exported context of 256 tokens" in " ".join(proc.stderr.split() + proc.stdout.split())
+    proc = run_cli("zoo.generate", "gqa-llm", "--bundle", str(bundles["litert"].path), "--prompt", "x" * 300,
+                   "--runtime", "litert-lm")
+    said = " ".join(proc.stderr.split() + proc.stdout.split())
+    assert proc.returncode == 2 and "may not fit the bundle's exported context" in said and "Traceback" not in said
 
 
 def test_generate_refuses_the_wrong_tokenizer(bundles, tmp_path, run_cli):
@@ -135,6 +242,13 @@ def test_real_smollm2_through_the_pipeline_and_generate(tmp_path):
         out = io.StringIO()
         generate(result.path, "The capital of France is", 4, out=out)
         assert "Paris" in out.getvalue()
+    # The real model.litertlm on the LiteRT-LM runtime: greedy text = the reference's on every gate prompt.
+    litert = next(r for r in results if r.target == "litert")
+    runtime = [g for g in litert.gates if g.metric == "litertlm_text_exact"]
+    assert len(runtime) == 3 and all(g.passed for g in runtime)
+    out = io.StringIO()
+    generate(litert.path, "The capital of France is", 4, out=out, runtime="litert-lm")
+    assert "Paris" in out.getvalue()
 
 
 def _real_coreai_bundle(precision: str, out_dir):
@@ -162,3 +276,15 @@ def test_real_smollm2_coreai_int8_is_finite_and_passes_its_gate(tmp_path):
 
     result = _real_coreai_bundle("int8", tmp_path)
     assert "lut_to_dense" in CoreAITarget().summary(result.path / "model.aimodel")
+
+
+def test_publish_stages_one_repo_per_target_and_the_litert_card_runs_the_litertlm(bundles, tmp_path):
+    from zoo.publish import main
+
+    exports = bundles["litert"].path.parent.parent
+    assert main(["gqa-llm", "--stage-only", str(tmp_path / "stage"), "--force", "--exports", str(exports)]) == 0
+    litert, coreai = tmp_path / "stage" / "gqa-llm-tiny-LiteRT", tmp_path / "stage" / "gqa-llm-tiny-CoreAI"
+    assert (litert / "litert-fp32" / "model.litertlm").is_file() and not (litert / "coreai-fp32").exists()
+    assert (coreai / "coreai-fp32" / "model.aimodel").is_dir() and not (coreai / "litert-fp32").exists()
+    assert "litert-lm run litert-fp32/model.litertlm --backend cpu --cache no" in (litert / "README.md").read_text()
+    assert "litert-lm run" not in (coreai / "README.md").read_text()

@@ -167,6 +167,35 @@ def _run_publish(*argv: str) -> int:
     return run(parse_args(list(argv)), out=lambda *_: None)
 
 
+def test_default_repos_follow_the_ecosystem_naming_one_per_target(exports, loopback, capsys):
+    """No --repo: Core AI bundles go to <user>/<Model>-CoreAI (coreai-catalog's convention), LiteRT ones to
+    <user>/<Model>-LiteRT; tiny weights never borrow the real model's name."""
+    assert publish("t5", "--force", "--exports", str(exports)) == 0
+    out = capsys.readouterr().out
+    coreai, litert = loopback.head_files("loopback-user/t5-tiny-CoreAI"), loopback.head_files("loopback-user/t5-tiny-LiteRT")
+    assert "coreai-bf16/model.aimodel/metadata.json" in coreai and not any(f.startswith("litert-") for f in coreai)
+    assert "litert-fp32/model.tflite" in litert and not any(f.startswith("coreai-") for f in litert)
+    assert out.count("published: ") == 2
+
+
+def test_repo_model_name_is_the_upstream_models_own_name():
+    from omegaconf import OmegaConf
+
+    from zoo.publish import Bundle, default_repo, repo_model_name
+
+    cfg = OmegaConf.create({"variant": "v", "variants": {"v": {"hub": {"repo_id": "HuggingFaceTB/SmolLM2-135M-Instruct"}}}})
+    spec = type("Spec", (), {"name": "gqa-llm"})
+
+    def bundle(real: bool, source: str):
+        manifest = {"real_weights": real, "weights": {"source": source}, "target": "coreai"}
+        return Bundle(Path("."), "coreai-fp32", manifest, {}, 0)
+
+    assert repo_model_name(cfg, spec, [bundle(True, "embedded")]) == "SmolLM2-135M-Instruct"
+    assert default_repo("SmolLM2-135M-Instruct", "coreai") == "<your Hub user>/SmolLM2-135M-Instruct-CoreAI"
+    assert default_repo("SmolLM2-135M-Instruct", "litert") == "<your Hub user>/SmolLM2-135M-Instruct-LiteRT"
+    assert repo_model_name(cfg, spec, [bundle(True, "embedded"), bundle(False, "tiny")]) == "gqa-llm-tiny"
+
+
 # ---------------------------------------------------------------- publish → download → verify → gate
 
 

@@ -259,3 +259,42 @@ def test_generative_gpu_fp16_run_is_judged_by_the_token_gate(compose, tmp_path):
     assert len(token_gates) == 2 * len(cfg.prompts)
     assert all(g.passed for g in token_gates if g.metric == "token_agreement")
     assert not result.ok and any(not g.passed for g in token_gates if g.metric == "min_logits_cosine")
+
+
+def test_a_narrowed_bench_keeps_the_other_rows_and_says_where_they_come_from(tmp_path):
+    """`zoo bench model=m target=litert` re-runs LiteRT rows only: the committed Core AI rows stay in
+    bench.json and the README names the run that made them; a full bench replaces everything."""
+    from types import SimpleNamespace
+
+    from zoo.bench import merge_earlier_rows
+    from zoo.card import _earlier_runs
+
+    def row(target, precision, value):
+        return {"component": "decoder", "target": target, "precision": precision, "measure": {"x": value}}
+
+    spec = SimpleNamespace(components=[SimpleNamespace(name="decoder")])
+    earlier = tmp_path / "bench.json"
+    older = {k: v for k, v in row("coreai", "fp32", 1).items() if k != "component"}  # older bench.json rows had none
+    earlier.write_text(json.dumps({"header": {"command": "make bench MODEL=m", "date": "2026-11-30"},
+                                   "rows": [older, row("litert", "fp32", 2), row("litert", "int8", 3)]}))
+
+    def new_data():
+        return {"header": {"command": "make bench MODEL=m target=litert", "date": "2026-12-01"},
+                "rows": [row("litert", "fp32", 20), row("litert", "int8", 30)]}
+
+    merged = merge_earlier_rows(new_data(), spec, earlier, ["target=litert"])
+    assert [(r["target"], r["precision"], r["measure"]["x"]) for r in merged["rows"]] == \
+        [("coreai", "fp32", 1), ("litert", "fp32", 20), ("litert", "int8", 30)]
+    assert _earlier_runs(merged) == ["Rows coreai fp32: from `make bench MODEL=m` on 2026-11-30 (not re-run by the "
+                                     "command above)."]
+    full = merge_earlier_rows(new_data(), spec, earlier, [])  # not narrowed: nothing kept
+    assert len(full["rows"]) == 2 and _earlier_runs(full) == []
+
+
+def test_rows_of_an_older_bench_json_keep_their_measured_values():
+    from zoo.card import row_measure
+
+    legacy = {"target": "coreai", "precision": "fp32", "gate": "g", "decode_tok_s": 30.3,
+              "eager": {"decode_tok_s": 24.2}, "prompts": [{"prompt": "p"}]}
+    assert row_measure(legacy) == {"decode_tok_s": 30.3, "eager_decode_tok_s": 24.2, "prompts": [{"prompt": "p"}]}
+    assert row_measure({"target": "litert", "measure": {"decode_tok_s": 1.0}}) == {"decode_tok_s": 1.0}

@@ -191,6 +191,18 @@ def requested(overrides: list[str], key: str) -> list[str] | None:
     return None if value in (None, "", "all", "default") else value.split(",")
 
 
+def make_command(model: str, overrides: list[str]) -> str:
+    """The `make bench` line that re-runs this bench (TARGET/PRECISION are Make variables, as for convert)."""
+    as_make = {"target": "TARGET", "precision": "PRECISION"}
+    words = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key in as_make and value in ("all", "default"):
+            continue  # the Makefile's defaults
+        words.append(f"{as_make[key]}={value}" if key in as_make else override)
+    return " ".join([f"make bench MODEL={model}", *words])
+
+
 def refusal_of(cfg, target: str, precision: str) -> str | None:
     return ((cfg.get("refused_precisions") or {}).get(target) or {}).get(precision)
 
@@ -231,7 +243,7 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
                     rows.append(row)
     return {
         "header": {
-            "command": f"make bench MODEL={model}" + "".join(f" {o}" for o in overrides),
+            "command": make_command(model, overrides),
             "date": date.today().isoformat(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.get_num_threads()} threads, "
                        f"Python {platform.python_version()}",
@@ -246,6 +258,34 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
                      for c in selected},
         "rows": rows,
     }
+
+
+def merge_earlier_rows(data: dict, spec, earlier: Path, overrides: list[str]) -> dict:
+    """A narrowed bench (`target=` / `precision=`) replaces only the rows it re-ran: the committed bench.json's
+    other rows stay, each stamped with the command and date of the run that made it (the README says so)."""
+    stamp = {"command": data["header"]["command"], "date": data["header"]["date"]}
+    for row in data["rows"]:
+        row["run"] = stamp
+    narrowed = requested(overrides, "target") or requested(overrides, "precision")
+    if not narrowed or not earlier.is_file():
+        return data
+    old = json.loads(earlier.read_text())
+    old_stamp = {"command": old["header"]["command"], "date": old["header"]["date"]}
+    names = [c.name for c in spec.components]
+    fresh = {(r["component"], r["target"], r["precision"]) for r in data["rows"]}
+    # Rows of a one-component model's older bench.json carry no component: it can only be that one.
+    old_rows = [{"component": names[0], **r} for r in old.get("rows", [])]
+    kept = [{**r, "run": r.get("run", old_stamp)} for r in old_rows
+            if (r["component"], r["target"], r["precision"]) not in fresh]
+
+    def order(row):
+        precisions = get_target(row["target"]).precisions
+        return (names.index(row["component"]) if row["component"] in names else len(names),
+                TARGET_NAMES.index(row["target"]),
+                precisions.index(row["precision"]) if row["precision"] in precisions else len(precisions))
+
+    data["rows"] = sorted(kept + data["rows"], key=order)
+    return data
 
 
 def bench_folder(cfg, given: str | None) -> Path:
@@ -269,6 +309,7 @@ def main(argv: list[str]) -> int:
         return exc.exit_code
     folder = bench_folder(cfg, bench_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    data = merge_earlier_rows(data, spec, folder / "bench.json", overrides)
     (folder / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
     measures = {c.name: measure_of(c) for c in spec.components}
     table = measured_table(data, measures)

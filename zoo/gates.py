@@ -28,7 +28,7 @@ class Metric:
     fn: Callable[[Any, Any], float]
     higher_is_better: bool
     explains: str
-    compares: str = "arrays"  # arrays | token streams | a GPU check
+    compares: str = "arrays"  # arrays | token streams | runtime text | a GPU check
 
 
 def _as64(x) -> np.ndarray:
@@ -172,6 +172,15 @@ def min_step_cosine(candidate_steps, reference_steps) -> float:
     return nan_min(cosine(c, r) for c, r in zip(candidate_steps, reference_steps))
 
 
+def text_exact(candidate, reference) -> float:
+    """1 if two generated texts are identical, else 0. For runtimes that return text, not token ids
+    (LiteRT-LM): the reference is the expected greedy tokens decoded by the same tokenizer, so any
+    different token shows as different text. A missing text (None) is NaN, which fails."""
+    if not isinstance(candidate, str) or not isinstance(reference, str):
+        return float("nan")
+    return 1.0 if candidate == reference else 0.0
+
+
 # ---------------------------------------------------------------- LiteRT GPU check (zoo/targets/litert_gpu.py)
 
 
@@ -232,6 +241,8 @@ METRICS: dict[str, Metric] = {
                "reference partner", "detection sets"),
         Metric("detection_worst_score_err", detection_worst_score_err, False, "largest |score difference| among "
                "matched detection pairs", "detection sets"),
+        Metric("litertlm_text_exact", text_exact, True, "1 if the LiteRT-LM runtime's greedy text (its own "
+               "tokenizer and sampler, top-k 1) is the expected greedy tokens decoded, else 0", "runtime text"),
         Metric("gpu_resident", gpu_resident, True, "1 if the GPU delegate took every op GPU-only, 0 if not "
                "(NaN: not run)", "a GPU check"),
         Metric("gpu_checked", gpu_checked, True, "1 if the LiteRT GPU check ran to a verdict, 0 if it could not "

@@ -1,9 +1,11 @@
 """`python -m zoo.generate --bundle PATH --prompt "..."`: stream text from a converted bundle.
 
 Runs the bundle itself (Core AI CPU runtime or LiteRT CPU interpreter, whichever its manifest names)
-with greedy decoding and the tokenizer shipped inside the bundle. Which bundles can generate is read from
-the manifest (`session: generative`, written by the pipeline from the component's declaration), and the
-session that drives it is the component's own `session` hook: no model names here.
+with greedy decoding and the tokenizer shipped inside the bundle; `--runtime NAME` runs another file of the
+bundle on another runtime instead, one the component declares (`Component.runtimes`, e.g. `litert-lm`).
+Which bundles can generate is read from the manifest (`session: generative`, written by the pipeline from
+the component's declaration), and the session that drives it is the component's own `session` hook: no
+model names here.
 """
 
 from __future__ import annotations
@@ -58,8 +60,32 @@ def open_session(bundle: Path, manifest: dict):
         runner.close()
 
 
+def runtime_session(bundle: Path, manifest: dict, runtime: str):
+    """A session of one of the component's other runtimes (`Component.runtimes`) over this bundle."""
+    from zoo.registry import get_spec, load_model_config
+
+    component = get_spec(load_model_config(manifest["model"])).component(manifest["component"])
+    if runtime not in component.runtimes:
+        known = ", ".join(component.runtimes) or "none"
+        raise ZooError(f"A {manifest['model']} bundle has no runtime '{runtime}' (other runtimes: {known}).",
+                       "drop --runtime to use the bundle's own target runtime, or pick one of those.")
+    return component.runtimes[runtime](bundle)
+
+
+def generate_on_runtime(session, prompt: str, max_new_tokens: int, tokenizer, out) -> list[int]:
+    """A runtime that generates text itself (no logits reach us): print its chunks as they come."""
+    text = ""
+    with session:
+        for chunk in session.stream_text(prompt, max_new_tokens):
+            out.write(chunk)
+            out.flush()
+            text += chunk
+    out.write("\n")
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 def generate(bundle: Path, prompt: str, max_new_tokens: int, tokenizer_path: str | None = None,
-             model: str | None = None, out=sys.stdout) -> list[int]:
+             model: str | None = None, out=sys.stdout, runtime: str | None = None) -> list[int]:
     """Greedy tokens after the prompt, written to `out` as they come."""
     import numpy as np
 
@@ -71,6 +97,8 @@ def generate(bundle: Path, prompt: str, max_new_tokens: int, tokenizer_path: str
     if manifest.get("status") != "passed":
         print(f"warning: this bundle did not pass its gates (status: {manifest.get('status')})", file=sys.stderr)
     tokenizer = load_bundle_tokenizer(bundle, tokenizer_path)
+    if runtime:
+        return generate_on_runtime(runtime_session(bundle, manifest, runtime), prompt, max_new_tokens, tokenizer, out)
     ids = tokenizer(prompt)["input_ids"]
     tokens: list[int] = []
     with open_session(bundle, manifest) as session:
@@ -118,6 +146,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the one shipped in the bundle)")
+    parser.add_argument("--runtime", help="run another file of the bundle on another runtime its model declares "
+                                          "(e.g. litert-lm: an LLM bundle's model.litertlm)")
     args = parser.parse_args(argv)
     require_prompt(args.prompt)
     if (args.bundle is None) == (args.bundles is None):
@@ -134,7 +164,7 @@ def main(argv: list[str]) -> int:
         raise ZooError(f"--max-new-tokens {args.max_new_tokens} asks for no text.", "pass a positive count, e.g. --max-new-tokens 32.")
     print(args.prompt, end="", flush=True)
     try:
-        generate(args.bundle, args.prompt, args.max_new_tokens, args.tokenizer, args.model)
+        generate(args.bundle, args.prompt, args.max_new_tokens, args.tokenizer, args.model, runtime=args.runtime)
     except BaseException:  # nothing swallowed: the newline only ends the echoed prompt, then it re-raises
         print(flush=True)  # so the boundary's error (or the Ctrl-C line) starts on its own line
         raise

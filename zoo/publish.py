@@ -158,11 +158,35 @@ def hub_token() -> str:
     return token
 
 
-def default_repo(model: str, api=None) -> str:
-    """`<your user>/<model>-zoo`; without a reachable Hub, a placeholder that says so."""
+# The ecosystem's repo naming: coreai-catalog lists 99 of its 110 artifacts in repos named `<Model>-CoreAI`
+# (toolchain.md §5); LiteRT bundles follow the same shape with the target's own name.
+REPO_SUFFIX = {"coreai": "CoreAI", "litert": "LiteRT"}
+
+
+def base_model_id(cfg, bundles: list[Bundle]) -> str | None:
+    """The upstream Hub id the bundles were made from: their weights' repo, else the config variant's."""
+    variant = (cfg.get("variants") or {}).get(cfg.get("variant") or "", {}) or {}
+    hub_weights = next((b.manifest["weights"] for b in bundles if (b.manifest.get("weights") or {}).get("repo_id")), None)
+    return (hub_weights or {}).get("repo_id") or (variant.get("hub") or {}).get("repo_id")
+
+
+def repo_model_name(cfg, spec, bundles: list[Bundle]) -> str:
+    """`<Model>` of the repo name: the upstream model's own name (SmolLM2-135M-Instruct) for real weights;
+    `<zoo name>-<source>` (gqa-llm-tiny) for tiny/random ones, which must never pass for the real model."""
+    fake = sorted({str(b.manifest.get("weights", {}).get("source")) for b in bundles if not b.manifest.get("real_weights")})
+    if fake:
+        return f"{spec.name}-{'-'.join(fake)}"
+    base = base_model_id(cfg, bundles)
+    return base.rsplit("/", 1)[-1] if base else spec.name
+
+
+def default_repo(model_name: str, target: str, api=None) -> str:
+    """`<your user>/<Model>-CoreAI` or `<your user>/<Model>-LiteRT`; without a reachable Hub, a placeholder
+    that says so."""
+    name = f"{model_name}-{REPO_SUFFIX[target]}"
     if api is None:
-        return f"<your Hub user>/{model}-zoo"
-    return f"{api.whoami()['name']}/{model}-zoo"
+        return f"<your Hub user>/{name}"
+    return f"{api.whoami()['name']}/{name}"
 
 
 def upload(api, repo_id: str, folder: Path, files: list[Path], revision: str | None, private: bool, message: str) -> str:
@@ -188,9 +212,7 @@ def upload(api, repo_id: str, folder: Path, files: list[Path], revision: str | N
 def build_card(cfg, spec, bundles: list[Bundle], repo_id: str, forced: bool):
     from zoo.card import model_card
 
-    variant = (cfg.get("variants") or {}).get(cfg.get("variant") or "", {}) or {}
-    hub_weights = next((b.manifest["weights"] for b in bundles if (b.manifest.get("weights") or {}).get("repo_id")), None)
-    base_model = (hub_weights or {}).get("repo_id") or (variant.get("hub") or {}).get("repo_id")
+    base_model = base_model_id(cfg, bundles)
     return model_card(spec.name, spec.summary, bundles, repo_id, base_model, spec.pipeline_tag, spec.license,
                       _model_folder(cfg) / "README.md", forced)
 
@@ -207,7 +229,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--component", action="append", help="repeatable; default every component")
     parser.add_argument("--target", default="all", choices=["coreai", "litert", "all"])
     parser.add_argument("--precision", help="fp32|fp16|bf16|int8; default every verified bundle found")
-    parser.add_argument("--repo", help="ORG/NAME on the Hub (default <your user>/<model>-zoo)")
+    parser.add_argument("--repo", help="ORG/NAME on the Hub (default: one repo per target, <your user>/<Model>-CoreAI "
+                                       "and <your user>/<Model>-LiteRT)")
     parser.add_argument("--revision", help="branch to commit to (created if missing; default main)")
     parser.add_argument("--private", action="store_true", help="create the repo private")
     mode = parser.add_mutually_exclusive_group()
@@ -242,20 +265,39 @@ def run(args, out=print) -> int:
     if soft and not args.force and not preview:
         raise _tiny_weights_refusal(soft)
     api = None if preview or args.stage_only else _api()  # staging needs no token and no network
-    repo_id = args.repo or default_repo(spec.name, api)
+    if args.stage_only and args.stage_only.exists() and any(args.stage_only.iterdir()):
+        raise ZooError(f"--stage-only {args.stage_only} is not empty.", "pass an empty or new folder.")
+    if args.repo:
+        publish_to(args, cfg, spec, bundles, args.repo, forced, api, out, args.stage_only)
+    else:  # the ecosystem's layout: one repo per target (<Model>-CoreAI, <Model>-LiteRT)
+        name = repo_model_name(cfg, spec, bundles)
+        groups = {t: [b for b in bundles if b.manifest.get("target") == t] for t in REPO_SUFFIX}
+        groups = {t: g for t, g in groups.items() if g}
+        for target, group in groups.items():
+            repo_id = default_repo(name, target, api)
+            # --stage-only with several repos: one subfolder per repo, named like it.
+            stage_dir = args.stage_only and (args.stage_only / repo_id.rsplit("/", 1)[-1] if len(groups) > 1
+                                             else args.stage_only)
+            publish_to(args, cfg, spec, group, repo_id, forced, api, out, stage_dir)
+    if soft and not args.force:  # a preview shows every plan first, then refuses
+        raise _tiny_weights_refusal(soft)
+    return 0
+
+
+def publish_to(args, cfg, spec, bundles: list[Bundle], repo_id: str, forced: bool, api, out,
+               stage_dir: Path | None) -> int:
+    """Stage `bundles` with their card into one repo (into `stage_dir` if given), and upload unless staging
+    or previewing."""
+    preview = args.dry_run
     card = build_card(cfg, spec, bundles, repo_id, forced)
     with tempfile.TemporaryDirectory(prefix="zoo-publish-") as scratch:
-        folder = args.stage_only or Path(scratch) / "stage"
-        if args.stage_only and args.stage_only.exists() and any(args.stage_only.iterdir()):
-            raise ZooError(f"--stage-only {args.stage_only} is not empty.", "pass an empty or new folder.")
+        folder = stage_dir or Path(scratch) / "stage"
         files = stage(bundles, str(card), folder)
         catalog_files = write_catalog_entries(bundles, spec, repo_id, folder)  # one per Core AI bundle
         if catalog_files:
             files = staged_files(folder)
-        _print_plan(out, repo_id, args.revision, folder, files, str(card), preview or bool(args.stage_only))
-        if soft and not args.force:
-            raise _tiny_weights_refusal(soft)
-        if preview or args.stage_only:
+        _print_plan(out, repo_id, args.revision, folder, files, str(card), preview or bool(stage_dir))
+        if preview or stage_dir:
             out(f"{'dry run' if preview else 'staged in ' + str(folder)}: nothing uploaded.")
             return 0
         try:

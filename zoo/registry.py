@@ -86,6 +86,10 @@ class Component:
                                        on every output, computed by the metrics in zoo/gates.py
     measure                         -> what `zoo bench` times (default: latency vs eager, zoo/bench.py)
     extra_files(checkpoint, cfg, bundle_dir) -> writes e.g. a tokenizer or scheduler config into the bundle
+    runtimes                        -> {name: (bundle folder) -> session}: other runtimes that run a file of
+                                       its bundles (an LLM's .litertlm on LiteRT-LM); `zoo generate
+                                       --runtime NAME` picks one. Such a session generates text itself:
+                                       `stream_text(prompt, max_new_tokens)` yields text chunks
     bundle_kind                     -> what the bundle is to Apple's tools (Core AI metadata.json `kind`):
                                        one of Apple's kinds (llm, vlm, diffusion, segmenter,
                                        speech_recognizer) where one fits, else the generic default
@@ -104,6 +108,7 @@ class Component:
     verify: Callable | None = None
     measure: Measure | None = None
     extra_files: Callable | None = None
+    runtimes: dict[str, Callable] = field(default_factory=dict)
     bundle_kind: str = GENERIC_BUNDLE_KIND
     language: Callable | None = None
 

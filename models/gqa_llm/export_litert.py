@@ -1,19 +1,20 @@
 """LiteRT form of the GQA decoder: one .tflite with signatures `prefill` and `decode` that share
-weights; the K/V caches travel as explicit inputs and outputs (the GPU-clean recipe of
-notes/toolchain.md §3.2).
+weights, in the LiteRT-LM runtime's contract, so the same file runs under our interpreter session and
+packed into `model.litertlm` (models/gqa_llm/litertlm.py); the K/V caches travel as explicit inputs and
+outputs (the GPU-clean recipe of notes/toolchain.md §3.2).
 
     make convert MODEL=gqa-llm TARGET=litert      # the shared pipeline exports model.litert_entries
     with LiteRTSession(bundle / "model.tflite") as session:
         stream = greedy(session.step, prompt_ids)
 
 Signatures (caches have the same names in and out):
-    prefill(input_ids [1, P] int32, start [1] int32, length [1] int32,
-            k_cache_{i}, v_cache_{i} [1, n_kv, context_len, D] fp32)
-        -> logits [1, 1, V] (position start+length-1), k_cache_{i}, v_cache_{i}
-    decode (input_ids [1, 1] int32, start [1] int32, k_cache_*, v_cache_*) -> logits [1, 1, V], caches
-P (prefill_len) is static: GPU delegates want static shapes. A shorter prompt is right-padded and
-`length` marks the real tokens (padding is never written to the cache); a longer one is fed in
-P-sized chunks.
+    prefill(tokens [1, P] int32, input_pos [P] int32, k_cache_{i}, v_cache_{i} [1, n_kv, context_len, D] fp32)
+        -> logits [1, 1, V] (last real position), k_cache_{i}, v_cache_{i}
+    decode (tokens [1, 1] int32, input_pos [1] int32, k_cache_*, v_cache_*) -> logits [1, 1, V], caches
+P (prefill_len) is static: GPU delegates want static shapes. A shorter chunk is right-padded the way
+LiteRT-LM pads it (token 0 at position 0; the graph keeps such rows out of the cache); a longer prompt is
+fed in P-sized chunks. Like LiteRT-LM, the session sends the last prompt token through `decode`, so both
+runtimes take the same path through the graph.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class LiteRTSession:
 
         self.runner = LiteRTRunner(Path(self._source), self.num_threads) if self._owns_runner else self._source
         inputs = self.runner.input_details("prefill")
-        self.prefill_len = int(inputs["input_ids"]["shape"][1])
+        self.prefill_len = int(inputs["tokens"]["shape"][1])
         self.cache_names = sorted(n for n in inputs if n.startswith(("k_cache_", "v_cache_")))
         self.cache_shape = tuple(int(x) for x in inputs[self.cache_names[0]]["shape"])
         self.context_len = self.cache_shape[2]
@@ -79,25 +80,26 @@ class LiteRTSession:
         return out["logits"].reshape(-1)
 
     def prefill(self, token_ids: Sequence[int], start: int) -> np.ndarray:
-        """Up to prefill_len tokens in one call (right-padded; `length` keeps padding out)."""
+        """Up to prefill_len tokens in one call, padded as LiteRT-LM pads (token 0 at position 0)."""
         n = len(token_ids)
-        ids = np.zeros((1, self.prefill_len), dtype=np.int32)
-        ids[0, :n] = token_ids
-        return self._run("prefill", input_ids=ids, start=np.array([start], np.int32),
-                         length=np.array([n], np.int32))
+        tokens = np.zeros((1, self.prefill_len), dtype=np.int32)
+        positions = np.zeros(self.prefill_len, dtype=np.int32)
+        tokens[0, :n] = token_ids
+        positions[:n] = np.arange(start, start + n)
+        return self._run("prefill", tokens=tokens, input_pos=positions)
 
     def decode(self, token: int, start: int) -> np.ndarray:
-        return self._run("decode", input_ids=np.array([[token]], np.int32), start=np.array([start], np.int32))
+        return self._run("decode", tokens=np.array([[token]], np.int32), input_pos=np.array([start], np.int32))
 
     def step(self, token_ids: Sequence[int], start: int) -> np.ndarray:
         """generation.StepFn. The graph cannot raise, and a position past the cache has no one-hot
-        column (RoPE and the write silently become zero), so the limit is enforced here."""
+        column (RoPE and the write silently become zero), so the limit is enforced here. All but the
+        last token go through prefill chunks, the last through decode (what LiteRT-LM does)."""
         n = len(token_ids)
         check_fits(start, n, self.context_len)
         if start == 0:
             self.reset()  # not needed for correctness (stale entries are masked), but keeps runs reproducible
-        if n == 1:
-            return self.decode(int(token_ids[0]), start)
-        for i in range(0, n, self.prefill_len):
-            logits = self.prefill(list(token_ids[i : i + self.prefill_len]), start + i)
-        return logits
+        head = list(token_ids[:-1])
+        for i in range(0, len(head), self.prefill_len):
+            self.prefill(head[i : i + self.prefill_len], start + i)
+        return self.decode(int(token_ids[-1]), start + n - 1)

@@ -89,6 +89,24 @@ def time_generation(step: StepFn, prompt_ids: list[int], new_tokens: int = DECOD
             "decode_tok_s": round(new_tokens / decode_s, 2), "runs": len(runs)}
 
 
+def time_litertlm(bundle: Path, prompt_text: str, new_tokens: int = DECODE_TOKENS, repeats: int = REPEATS) -> dict:
+    """The bundle's model.litertlm on LiteRT-LM (CPU, cache off): one warm-up generation, then medians of
+    `repeats` as the engine counts them. It tokenizes the text itself and sends the last prompt token
+    through decode, so its prefill count is one short of the prompt; a stop token may end decode early
+    (both counts are reported). None for bundles without one (Core AI)."""
+    from .litertlm import ARTIFACT, LiteRTLMSession
+
+    if not (bundle / ARTIFACT).is_file():
+        return {}
+    with LiteRTLMSession(bundle / ARTIFACT, benchmark=True) as session:
+        session.timed(prompt_text, new_tokens)
+        runs = [session.timed(prompt_text, new_tokens) for _ in range(repeats)]
+    return {"litertlm_prefill_tok_s": round(statistics.median(r["prefill_tok_s"] for r in runs), 1),
+            "litertlm_decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
+            "litertlm_tokens": f"{runs[-1]['prefill_tokens']}+{runs[-1]['decode_tokens']}",
+            "litertlm_load_s": round(session.load_s, 3)}
+
+
 def prompt_details(bundle: Path) -> list[dict]:
     """Per prompt, from the bundle's transcript.json: verdict, agreement, first divergence."""
     path = bundle / "transcript.json"
@@ -138,8 +156,9 @@ def run(ctx: MeasureContext) -> dict:
             artifact = time_generation(session.step, prompt_ids)
     finally:
         runner.close()
+    litertlm = time_litertlm(ctx.bundle, ctx.header["prompt_text"])
     return {
-        "load_s": round(load_s, 3), **artifact,
+        "load_s": round(load_s, 3), **artifact, **litertlm,
         "eager_prefill_tok_s": eager["prefill_tok_s"], "eager_decode_tok_s": eager["decode_tok_s"],
         "prefill_vs_eager": round(artifact["prefill_tok_s"] / eager["prefill_tok_s"], 3),
         "decode_vs_eager": round(artifact["decode_tok_s"] / eager["decode_tok_s"], 3),
@@ -164,7 +183,10 @@ def details(rows: list[dict], header: dict) -> list[str]:
         f"timed right before each artifact. Context {header['context_len']}, LiteRT prefill chunk "
         f"{header['prefill_len']}; load s = opening the saved bundle (Core AI `executable()` lowers it); load "
         f"avg = 1-minute load average before the timing. Gate: greedy decoding of {header['gate_new_tokens']} "
-        f"tokens on each of the {len(header['gate_prompts'])} config prompts, artifact vs transformers fp32.",
+        f"tokens on each of the {len(header['gate_prompts'])} config prompts, artifact vs transformers fp32. "
+        "LiteRT-LM = the LiteRT bundle's model.litertlm on the LiteRT-LM runtime (CPU backend, cache off), "
+        f"the same prompt text and {header['decode_tokens']} greedy tokens, tokens/s as the engine's own "
+        "counters report them (it sends the last prompt token through decode).",
         "",
         "Token gate per prompt (first divergence = index of the first generated token that differs from "
         "transformers fp32; agreement = tokens before it / tokens generated):",
@@ -173,8 +195,10 @@ def details(rows: list[dict], header: dict) -> list[str]:
         "| min logits cosine | candidate text |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    from zoo.card import row_measure
+
     for r in rows:
-        for p in (r.get("measure") or {}).get("prompts", []):
+        for p in row_measure(r).get("prompts", []):
             text = (p["candidate_text"] or "").replace("\n", "\\n").replace("|", "\\|")
             lines.append(f"| {r['target']} | {r['precision']} | `{p['prompt']}` | {p['verdict']} | "
                          f"{_g(p['token_agreement'])} | {_g(p['first_divergence'])} | "
@@ -189,5 +213,6 @@ GENERATION_MEASURE = Measure(
     describe="prefill and decode tokens/s of the bundle's session vs eager transformers with a KV cache",
     columns=[("load_s", "load s"), ("prefill_tok_s", "prefill tok/s"), ("eager_prefill_tok_s", "eager"),
              ("prefill_vs_eager", "vs eager"), ("decode_tok_s", "decode tok/s"), ("eager_decode_tok_s", "eager"),
-             ("decode_vs_eager", "vs eager"), ("runs", "runs"), ("load_avg_1m", "load avg")],
+             ("decode_vs_eager", "vs eager"), ("litertlm_prefill_tok_s", "LiteRT-LM prefill tok/s"),
+             ("litertlm_decode_tok_s", "LiteRT-LM decode tok/s"), ("runs", "runs"), ("load_avg_1m", "load avg")],
 )

@@ -504,16 +504,19 @@ class CoreAIStatefulLM(nn.Module):
 # Export form 2: LiteRT, caches as explicit inputs/outputs (GPU-clean)
 # --------------------------------------------------------------------------------------------
 class LiteRTCacheIOLM(nn.Module):
-    """Decoder whose caches travel as explicit rank-4 inputs and outputs [1, n_kv, context_len, D].
+    """Decoder in the LiteRT-LM runtime's own contract: caches travel as explicit rank-4 inputs and
+    outputs [1, n_kv, context_len, D].
 
-    forward(input_ids [1, T] int32, start [1] int32, length [1] int32 or None, **caches) ->
-    dict(logits [1, 1, vocab], k_cache_{i}/v_cache_{i}: updated caches). The caches are keyword
-    arguments so the .tflite signature names them `k_cache_{i}` in and out, like the Core AI states.
+    forward(tokens [1, T] int32, input_pos [T] int32, **caches) -> dict(logits [1, 1, vocab],
+    k_cache_{i}/v_cache_{i}: updated caches). These are the names and shapes LiteRT-LM's engine binds
+    (toolchain.md §5: `tokens`, `input_pos` one absolute position per token, `k_cache_i`/`v_cache_i`,
+    `logits`), so the same .tflite runs under our interpreter session and inside a .litertlm.
 
-    - T is static per signature: "prefill" uses a fixed chunk (shorter prompts are right-padded and
-      `length` says how many tokens are real); "decode" uses T=1 and no `length`.
-    - Rows t >= length are neither written to the cache nor read back: the one-hot write matrix
-      has zero rows there, so padding cannot leak into later steps.
+    - T is static per signature: "prefill" uses a fixed chunk, "decode" T=1.
+    - A short prefill is right-padded by the caller; LiteRT-LM pads with token 0 at *position 0*.
+      A row is real iff input_pos[t] == input_pos[0] + t (padding at position 0 fails that for t >= 1),
+      so padding is neither written to the cache (its one-hot write row is zeroed; it would otherwise
+      overwrite the token at position 0) nor picked for the logits.
     - The cache write is `cache * keep + onehotT @ new` with the one-hot pre-expanded over KV heads
       (a BMM whose operand broadcasts on the head axis is accepted but wrong on the GPU delegate).
     - RoPE rows are picked with the same one-hot matrix (a matmul, not a GATHER).
@@ -540,15 +543,15 @@ class LiteRTCacheIOLM(nn.Module):
         shape = (1, cfg.num_kv_heads, self.context_len, cfg.head_dim)
         return {n: torch.zeros(shape, dtype=dtype) for n in self.cache_names()}
 
-    def forward(self, input_ids, start, length=None, **caches):
+    def forward(self, tokens, input_pos, **caches):
         cfg = self.lm.cfg
-        t = input_ids.shape[1]
-        positions = position_column(start, t)  # [1, 1, T, 1]
+        t = tokens.shape[1]
+        positions = input_pos.reshape(1, 1, t, 1).float()  # rank 4 before any arithmetic (see above)
         rows = one_hot_rows(positions, self.context_len)  # [1, 1, T, S]
-        if length is not None:
-            # Row validity clamp(length - t, 0, 1), again via ReLUs: 1 for real tokens, 0 for padding.
-            real = length.reshape(1, 1, 1, 1).float() - torch.arange(t, dtype=torch.float32).reshape(1, 1, t, 1)
-            rows = rows * (F.relu(real) - F.relu(real - 1.0))
+        real = None
+        if t > 1:
+            real = contiguous_rows(positions)  # [1, 1, T, 1]: 1 for real tokens, 0 for padding
+            rows = rows * real
         cos, sin = rows @ self.cos_table, rows @ self.sin_table
         mask = causal_mask(positions, self.context_len)
         # [1, n_kv, S, T] write matrix and [1, n_kv, S, 1] keep mask, both rank 4.
@@ -566,14 +569,22 @@ class LiteRTCacheIOLM(nn.Module):
 
             return write
 
-        h = self.lm.model.embed_tokens(input_ids)
+        h = self.lm.model.embed_tokens(tokens)
         h = self.lm.run_layers(h, cos, sin, mask, [writer(i) for i in range(cfg.num_layers)])
-        if length is None:
+        if real is None:
             last = h[:, -1:]
         else:
-            pick = one_hot_rows(length.reshape(1, 1, 1, 1).float() - 1.0, t)  # [1, 1, 1, T]
+            count = real.sum(2, keepdim=True)  # [1, 1, 1, 1]: real rows form a prefix
+            pick = one_hot_rows(count - 1.0, t)  # [1, 1, 1, T]
             last = pick.reshape(1, 1, t) @ h
         return {"logits": self.lm.lm_head(last), **new_caches}
+
+
+def contiguous_rows(positions: torch.Tensor) -> torch.Tensor:
+    """[1, 1, T, 1]: 1.0 where positions[t] == positions[0] + t, else 0.0 (relu(1 - |d|) on integers)."""
+    t = positions.shape[2]
+    expected = positions[:, :, :1] + torch.arange(t, dtype=torch.float32).reshape(1, 1, t, 1)
+    return F.relu(1.0 - (positions - expected).abs())
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,10 +614,19 @@ def coreai_entries(lm: GQAForCausalLM, context_len: int) -> list[Entry]:
     ]
 
 
+def litert_lm_inputs(t: int) -> dict[str, torch.Tensor]:
+    """LiteRT-LM's input names: `tokens` [1, T] and `input_pos` [T] (one absolute position per token).
+
+    The values are what the pipeline's GPU check feeds: one real token at position 0 and, for T > 1, the rest
+    padded the way LiteRT-LM pads (token 0 at position 0) — so the check also runs the padding path."""
+    return {"tokens": torch.zeros(1, t, dtype=torch.int32), "input_pos": torch.zeros(t, dtype=torch.int32)}
+
+
 def litert_entries(lm: GQAForCausalLM, context_len: int, prefill_len: int,
                    scaled_norms: bool = True) -> list[Entry]:
-    """`prefill` (static T = prefill_len, right-padded, `length` real tokens) and `decode` (T=1),
-    caches as keyword inputs/outputs. Both signatures share the weights in one .tflite.
+    """`prefill` (static T = prefill_len, right-padded) and `decode` (T=1) in LiteRT-LM's contract
+    (`tokens`, `input_pos`, `k_cache_i`/`v_cache_i` in and out, `logits`). Both signatures share the
+    weights in one .tflite, which LiteRT-LM runs as is inside a .litertlm (models/gqa_llm/litertlm.py).
 
     scaled_norms: use ScaledRMSNorm. The .tflite is fp32, but the GPU delegate computes in fp16 by
     default, where SmolLM2's plain RMSNorm overflows from layer 3 on (logits cosine 0 on the
@@ -618,7 +638,6 @@ def litert_entries(lm: GQAForCausalLM, context_len: int, prefill_len: int,
     caches = module.empty_caches()
     names = ["logits", *module.cache_names()]
     return [
-        Entry("prefill", module, {**_ids_and_start(prefill_len), "length": torch.ones(1, dtype=torch.int32),
-                                        **caches}, names),
-        Entry("decode", module, {**_ids_and_start(1), **caches}, names),
+        Entry("prefill", module, {**litert_lm_inputs(prefill_len), **caches}, names),
+        Entry("decode", module, {**litert_lm_inputs(1), **caches}, names),
     ]

@@ -114,7 +114,8 @@ def open_session(runner, target: str):
 
 def verify(ctx) -> tuple[list, dict]:
     """Greedy decoding on the loaded artifact vs transformers fp32 on the same weights, per prompt,
-    judged by the registered token metrics (zoo/gates.py)."""
+    judged by the registered token metrics (zoo/gates.py); a LiteRT bundle's model.litertlm is also
+    run on the LiteRT-LM runtime (litertlm_gates)."""
     cfg = ctx.cfg
     tokenizer = tokenizer_for(ctx.checkpoint)
     reference_step = hf_step(reference_hf(ctx.checkpoint))
@@ -127,16 +128,71 @@ def verify(ctx) -> tuple[list, dict]:
             transcripts.append(gen.token_exact_gate(references[f"prompt{i}"], candidates[f"prompt{i}"],
                                                     decode=tokenizer.decode, prompt_text=prompt).transcript)
     results = gates.evaluate(candidates, references, ctx.thresholds)
+    details = {}
+    if ctx.target == "litert":
+        runtime_gates, details["litert_lm"] = litertlm_gates(ctx, tokenizer, references, candidates)
+        results += runtime_gates
     ctx.evidence["reference_streams"] = references  # the LiteRT GPU check replays them on its fp16 path
     (ctx.bundle_dir / "transcript.json").write_text(json.dumps(transcripts, indent=2) + "\n")
-    return results, {"transcript_summary": [{k: t[k] for k in ("prompt_text", "verdict", "first_divergence",
-                                                                  "min_logits_cosine", "candidate_text")}
-                                             for t in transcripts]}
+    return results, {**details,
+                     "transcript_summary": [{k: t[k] for k in ("prompt_text", "verdict", "first_divergence",
+                                                               "min_logits_cosine", "candidate_text")}
+                                            for t in transcripts]}
 
 
-def ship_tokenizer(checkpoint: Checkpoint, cfg, bundle_dir: Path) -> None:
-    """Component.extra_files: the bundle carries its own tokenizer (zoo generate uses it)."""
-    tokenizer_for(checkpoint).save_pretrained(bundle_dir / TOKENIZER_DIR)
+def expected_runtime_text(stream: gen.Stream, tokenizer, stops: list[int]) -> str:
+    """What LiteRT-LM must print for a greedy stream: its tokens up to the first stop token (the engine
+    ends there and prints nothing for it), decoded by the same tokenizer."""
+    tokens = list(stream.tokens)
+    cut = next((i for i, t in enumerate(tokens) if t in stops), len(tokens))
+    return tokenizer.decode(tokens[:cut])
+
+
+def litertlm_gates(ctx, tokenizer, references: dict, interpreter: dict) -> tuple[list, dict]:
+    """The bundle's model.litertlm on the real LiteRT-LM runtime (CPU, cache off, greedy): its text per
+    gate prompt must be the reference's greedy tokens decoded (`litertlm_text_exact`). At a precision
+    whose gate is token-exact the reference is transformers fp32; elsewhere (int8) tokens may differ from
+    it by design, so the runtime must reproduce the interpreter's own greedy run of the same graph.
+    A missing or unloadable .litertlm is a failed gate, never a skip."""
+    from zoo.targets.litert import ARTIFACT as TFLITE
+
+    from .litertlm import ARTIFACT, LiteRTLMSession, stop_token_ids
+
+    against = "reference" if "token_exact" in ctx.thresholds else "interpreter"
+    streams = references if against == "reference" else interpreter
+    stops = stop_token_ids(tokenizer)
+    expected = {f"litert-lm:{k}": expected_runtime_text(s, tokenizer, stops) for k, s in streams.items()}
+    path = Path(getattr(ctx.runner, "path", ctx.bundle_dir / TFLITE)).parent / ARTIFACT  # beside the .tflite run
+    found, note = {}, {"file": ARTIFACT, "against": against, "texts": {}}
+    try:
+        with LiteRTLMSession(path) as session:
+            for i, prompt in enumerate(ctx.cfg.prompts):
+                found[f"litert-lm:prompt{i}"] = session.generate_text(prompt, int(ctx.cfg.new_tokens))
+    except ZooError as exc:
+        note["error"] = f"{exc.problem} {exc.fix}"
+    note["texts"] = {k: {"expected": v, "runtime": found.get(k)} for k, v in expected.items()}
+    return gates.evaluate(found, expected, {"litertlm_text_exact": 1.0}), note
+
+
+def ship_files(checkpoint: Checkpoint, cfg, bundle_dir: Path) -> None:
+    """Component.extra_files: the bundle carries its own tokenizer (zoo generate uses it), and a LiteRT
+    bundle also its graph packed for the LiteRT-LM runtime (model.litertlm: graph + tokenizer + metadata)."""
+    from zoo.targets.litert import ARTIFACT as TFLITE
+
+    from .litertlm import ARTIFACT, llm_metadata, write_litertlm
+
+    tokenizer = tokenizer_for(checkpoint)
+    tokenizer.save_pretrained(bundle_dir / TOKENIZER_DIR)
+    if (bundle_dir / TFLITE).is_file():
+        write_litertlm(bundle_dir / TFLITE, bundle_dir / TOKENIZER_DIR / "tokenizer.json",
+                       llm_metadata(tokenizer, int(cfg.context_len)), bundle_dir / ARTIFACT)
+
+
+def litert_lm_session(bundle: Path):
+    """Component.runtimes["litert-lm"]: the bundle's model.litertlm on the LiteRT-LM engine."""
+    from .litertlm import ARTIFACT, LiteRTLMSession
+
+    return LiteRTLMSession(Path(bundle) / ARTIFACT)
 
 
 def language(checkpoint: Checkpoint, cfg) -> dict:
@@ -176,7 +232,8 @@ SPEC = ModelSpec(
             generative=True,
             verify=verify,
             measure=GENERATION_MEASURE,
-            extra_files=ship_tokenizer,
+            extra_files=ship_files,
+            runtimes={"litert-lm": litert_lm_session},
             bundle_kind="llm",
             language=language,
         )
