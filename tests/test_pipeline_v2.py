@@ -65,9 +65,8 @@ def test_raw_converter_that_fails_says_so_in_its_cell(tmp_path, monkeypatch):
     def refuses(self, entries, exported, scratch):
         raise RuntimeError("unsupported op aten::weird\nmore detail")
 
-    monkeypatch.setenv("ZOO_MODEL_PATH", str(EXTRA_MODELS))
     monkeypatch.setattr(CoreAITarget, "convert", refuses)
-    cell = bench.convert_raw("two-stage", [], "head", "coreai", str(tmp_path))
+    cell = bench.convert_raw("t5", ["model.bench.variant=tiny", "weights=tiny"], "encoder", "coreai", str(tmp_path))
     assert cell == {"reason": "does not convert: RuntimeError: unsupported op aten::weird"}
 
 
