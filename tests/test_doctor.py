@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_mode import require_gpu
 from zoo import doctor
 from zoo.errors import ZooError
 from zoo.rewrites.activations import clamp01
@@ -412,21 +413,9 @@ def test_unfixable_grid_sample_mode_stays_reported():
     assert [f.rule for f in result.after] == ["grid-sample"]
 
 
-def _require_gpu_check():
-    import os
-
-    from zoo.targets.litert_gpu import gpu_available
-
-    ok, why = gpu_available()
-    if not ok:
-        if os.environ.get("ZOO_REQUIRE_GPU_CHECK") == "1":
-            pytest.fail(f"ZOO_REQUIRE_GPU_CHECK=1 but the LiteRT GPU check cannot run: {why}", pytrace=False)
-        pytest.skip(f"LiteRT GPU check unavailable ({why}); run scripts/setup_vulkan.sh")
-
-
 @pytest.mark.gpu
 def test_cli_prove_converts_the_fixed_graph_and_passes_the_gpu_check(tmp_path, capsys):
-    _require_gpu_check()
+    require_gpu()
     argv = ["doctor_modules:gqa", "--prove", "--workdir", str(tmp_path)]
     assert doctor.main(argv) == 0
     out = capsys.readouterr().out
@@ -437,7 +426,7 @@ def test_cli_prove_converts_the_fixed_graph_and_passes_the_gpu_check(tmp_path, c
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_prove_fixes_grid_sample_bicubic_and_hardtanh_on_both_targets(tmp_path):
-    _require_gpu_check()
+    require_gpu()
     import doctor_modules
 
     module, args = doctor_modules.warp()

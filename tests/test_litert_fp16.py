@@ -36,13 +36,9 @@ def converted(tmp_path_factory):
 
 
 def _check(path, ids):
-    from gpu_mode import gpu_ready, gpu_required
+    from gpu_mode import require_gpu
 
-    ready, why = gpu_ready()
-    if not ready:
-        if gpu_required():
-            pytest.fail(f"ZOO_REQUIRE_GPU_CHECK=1 but the LiteRT GPU check cannot run: {why}", pytrace=False)
-        pytest.skip(f"LiteRT GPU check unavailable ({why}); run scripts/setup_vulkan.sh")
+    require_gpu()
     return litert_gpu.gpu_check(path, {"main": {"ids": ids.numpy()}})
 
 

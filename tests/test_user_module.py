@@ -11,11 +11,11 @@ angles and an add of a same-shape constant that the GPU computes wrong even in f
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from gpu_mode import require_gpu
 from zoo.errors import ZooError
 
 TESTS = Path(__file__).parent
@@ -48,16 +48,6 @@ def convert(overrides: list[str], out: Path) -> int:
 
 def report(out: Path, name: str, target: str) -> dict:
     return json.loads((out / name / f"{target}-fp32" / "report.json").read_text())
-
-
-def require_gpu_check():
-    from zoo.targets.litert_gpu import gpu_available
-
-    ok, why = gpu_available()
-    if not ok:
-        if os.environ.get("ZOO_REQUIRE_GPU_CHECK") == "1":
-            pytest.fail(f"ZOO_REQUIRE_GPU_CHECK=1 but the LiteRT GPU check cannot run: {why}", pytrace=False)
-        pytest.skip(f"LiteRT GPU check unavailable ({why}); run scripts/setup_vulkan.sh")
 
 
 def gpu_gate(rep: dict, metric: str) -> float:
@@ -101,7 +91,7 @@ def test_cli_refuses_a_factory_that_does_not_import_without_a_traceback(run_cli,
 
 @pytest.mark.gpu
 def test_fix_makes_a_third_party_gqa_gpu_resident_and_gates_it_against_the_original(tmp_path, capsys):
-    require_gpu_check()
+    require_gpu()
     assert convert(["module=doctor_modules:gqa", "fix=true"], tmp_path / "fixed") == 0
     rep = report(tmp_path / "fixed", "doctor_modules-gqa", "litert")
     assert rep["weights"]["source"] == "module" and rep["weights"]["fixes"] == {"repeat-kv-expand": 2}
@@ -152,7 +142,7 @@ def test_a_fix_that_changes_the_numbers_fails_the_gate(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("factory", FACTORIES)
 def test_every_third_party_module_converts_with_fix_on_both_targets(factory, tmp_path):
-    require_gpu_check()
+    require_gpu()
     assert convert([f"module=doctor_modules:{factory}", "fix=true"], tmp_path) == 0
     name = f"doctor_modules-{factory}"
     rep = report(tmp_path, name, "litert")
@@ -164,5 +154,5 @@ def test_every_third_party_module_converts_with_fix_on_both_targets(factory, tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("factory", GPU_TRAPS)
 def test_without_fix_the_gpu_gates_fail(factory, tmp_path):
-    require_gpu_check()
+    require_gpu()
     assert convert([f"module=doctor_modules:{factory}", "target=litert"], tmp_path) == 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import hashlib
 import os
 import time
@@ -428,17 +427,15 @@ class CoreAIRunner:
         return {k: np.array(v.numpy()) for k, v in outputs.items()}
 
     def close(self):
-        """Release every runtime object in order: functions, then the executable, then the loop.
-        Left to interpreter shutdown, Python destroys them in arbitrary order after the runtime's own
-        statics; 1 in 8 `zoo.generate` runs then died with SIGABRT (\"C++ exception handling detected
-        but the Swift runtime was compiled with exceptions disabled\") after printing its text."""
+        """Release the runtime objects in order: functions, then the executable, then the loop. (This
+        alone does not stop the runtime's worker threads from touching Python at interpreter shutdown:
+        processes end through zoo.cli.end_process for that.)"""
         if self._loop.is_closed():
             return
         self._functions.clear()
         self._loop.run_until_complete(self._stack.aclose())
         self._model = None
         self._loop.close()
-        gc.collect()
 
     def __enter__(self):
         return self
