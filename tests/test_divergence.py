@@ -65,9 +65,9 @@ def test_cli_fix_surfaces_the_divergence_when_fp16_is_off(capsys):
 
 @pytest.mark.gpu
 def test_gpu_mode_finds_the_same_op_on_the_device():
-    from test_user_module import require_gpu_check
+    from gpu_mode import require_gpu
 
-    require_gpu_check()
+    require_gpu()
     found = first_divergence(Overflowing(), (torch.ones(2, 4),), mode="gpu")
     assert found is not None and found.op.startswith("mul") and "z = y * y" in found.source
     assert first_divergence(Overflowing(), (torch.full((2, 4), 0.1),), mode="gpu") is None
