@@ -235,7 +235,7 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         with log.stage("export"):
             exported = target.export(entries)
     with log.stage("convert") as record:
-        artifact = target.convert(entries, exported, scratch)
+        artifact = target.convert(entries, exported, scratch, **_convert_options(cfg))
         record.note = target.conversion_note(artifact) or record.note
     del exported
     with log.stage("optimize") as record:
@@ -282,6 +282,12 @@ def bundle_facts(component: Component, cfg, checkpoint: weights.Checkpoint, targ
         weights=_weights_summary(checkpoint), precision=precision.name,
         int8_group_size=_compress_options(cfg)["int8_group_size"],
         language=language, tools=target.versions())
+
+
+def _convert_options(cfg) -> dict:
+    litert = cfg.get("litert") or {}
+    return {"lightweight_conversion": str(litert.get("lightweight_conversion", "auto")),
+            "lightweight_above_gb": float(litert.get("lightweight_above_gb", 2.0))}
 
 
 def _compress_options(cfg) -> dict:

@@ -322,7 +322,7 @@ class CoreAITarget:
     def export(self, entries: list[Entry]):
         return [export_entry(e) for e in entries]
 
-    def convert(self, entries: list[Entry], exported, scratch: Path):
+    def convert(self, entries: list[Entry], exported, scratch: Path, **_):
         return convert_programs(entries, exported)
 
     def compress(self, program, precision: Precision, scratch: Path, int8_group_size: int = 32,
