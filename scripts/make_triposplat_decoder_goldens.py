@@ -5,9 +5,9 @@ a78fa12 on its path; they import torchvision, which the main venv cannot hold):
 
     /work/main/.cache/triposplat-ref-venv/bin/python scripts/make_triposplat_decoder_goldens.py
 
-Writes models/triposplat/golden/decoder_tiny.safetensors (the seeded tiny decoder file, upstream's
-`octree.` / `gs.` keys: it is also `weights=tiny`'s decoder part), decoder_tiny.json (the upstream constructor
-arguments) and decoder_tiny_io.safetensors (inputs and upstream outputs):
+Writes the seeded tiny decoder file with upstream's `octree.` / `gs.` keys and its upstream constructor
+arguments as `weights=tiny`'s decoder part (models/triposplat/tiny/decoder/model.safetensors + config.json, listed
+in tiny/model_index.json), and models/triposplat/golden/decoder_tiny_io.safetensors (inputs, upstream outputs):
 - octree decoder logits for fixed parent centres and a float level;
 - the whole 8-level octree descent: every decoder call's inputs and logits (so a test can replay them
   through our sampler), the seed, and the sampled points / log-probs;
@@ -27,7 +27,9 @@ from safetensors.torch import save_file
 import model as upstream          # upstream model.py, on the reference venv's path
 import triposplat as upstream_pipeline
 
-OUT = Path(__file__).resolve().parent.parent / "models" / "triposplat" / "golden"
+PACKAGE = Path(__file__).resolve().parent.parent / "models" / "triposplat"
+OUT = PACKAGE / "golden"
+TINY_PART = PACKAGE / "tiny" / "decoder"
 SEED = 0
 LATENT_TOKENS = 64                   # the tiny DiT's q_token_length
 NUM_POINTS = 64                      # decoder tokens (×32 Gaussians)
@@ -49,10 +51,15 @@ def seeded_decoder() -> upstream.OctreeGaussianDecoder:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
+    TINY_PART.mkdir(parents=True, exist_ok=True)
     decoder = seeded_decoder()
     state = {k: v.contiguous() for k, v in decoder.state_dict().items()}
-    save_file(state, OUT / "decoder_tiny.safetensors")
-    (OUT / "decoder_tiny.json").write_text(json.dumps({"octree": OCTREE_ARGS, "gs": GS_ARGS}, indent=1) + "\n")
+    save_file(state, TINY_PART / "model.safetensors")
+    (TINY_PART / "config.json").write_text(json.dumps({"octree": OCTREE_ARGS, "gs": GS_ARGS}, indent=1) + "\n")
+    index_path = TINY_PART.parent / "model_index.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {"_class_name": "TripoSplat"}
+    index["decoder"] = ["triposplat", "upstream a78fa12"]
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
 
     g = torch.Generator().manual_seed(SEED + 2)
     latent = torch.randn(1, LATENT_TOKENS, 16, generator=g)

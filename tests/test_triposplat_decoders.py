@@ -21,13 +21,14 @@ from models.triposplat.decoders import (GAUSSIAN_PREFIX, OCTREE_PREFIX, Gaussian
 from zoo.errors import ZooError
 from zoo.weights import load_strict
 
-GOLDEN = Path(__file__).resolve().parent.parent / "models" / "triposplat" / "golden"
+PACKAGE = Path(__file__).resolve().parent.parent / "models" / "triposplat"
+GOLDEN, TINY_DECODER = PACKAGE / "golden", PACKAGE / "tiny" / "decoder"
 
 
 @pytest.fixture(scope="module")
 def golden():
-    state = load_file(GOLDEN / "decoder_tiny.safetensors")
-    config = json.loads((GOLDEN / "decoder_tiny.json").read_text())
+    state = load_file(TINY_DECODER / "model.safetensors")
+    config = json.loads((TINY_DECODER / "config.json").read_text())
     return state, config, load_file(GOLDEN / "decoder_tiny_io.safetensors")
 
 

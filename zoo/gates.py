@@ -181,6 +181,43 @@ def text_exact(candidate, reference) -> float:
     return 1.0 if candidate == reference else 0.0
 
 
+# ---------------------------------------------------------------- colour statistics (RGB arrays [..., 3] in [0, 1])
+
+
+def _rgb(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).reshape(-1, 3)
+
+
+def _ratio_deviation(candidate_stat: float, reference_stat: float) -> float:
+    if not (np.isfinite(candidate_stat) and np.isfinite(reference_stat)) or reference_stat <= 0:
+        return float("nan")
+    return abs(candidate_stat / reference_stat - 1.0)
+
+
+def rgb_std_deviation(candidate, reference) -> float:
+    """|std(candidate RGB) / std(reference RGB) - 1| over every colour value: how far the converted output's
+    colour spread moved (a quantised decoder that desaturates shrinks it while cosines stay near 1). NaN when
+    either side is non-finite or the reference has no spread."""
+    a, b = _rgb(candidate), _rgb(reference)
+    if a.shape != b.shape:
+        return float("nan")
+    return _ratio_deviation(float(a.std()), float(b.std()))
+
+
+def chroma(rgb) -> np.ndarray:
+    """Per colour: max(R,G,B) - min(R,G,B) (HSV chroma), 0 for greys."""
+    rgb = _rgb(rgb)
+    return rgb.max(axis=1) - rgb.min(axis=1)
+
+
+def chroma_deviation(candidate, reference) -> float:
+    """|mean chroma(candidate) / mean chroma(reference) - 1|: saturation lost (or gained) by the conversion."""
+    a, b = _rgb(candidate), _rgb(reference)
+    if a.shape != b.shape:
+        return float("nan")
+    return _ratio_deviation(float(chroma(a).mean()), float(chroma(b).mean()))
+
+
 # ---------------------------------------------------------------- LiteRT GPU check (zoo/targets/litert_gpu.py)
 
 
@@ -243,6 +280,10 @@ METRICS: dict[str, Metric] = {
                "matched detection pairs", "detection sets"),
         Metric("litertlm_text_exact", text_exact, True, "1 if the LiteRT-LM runtime's greedy text (its own "
                "tokenizer and sampler, top-k 1) is the expected greedy tokens decoded, else 0", "runtime text"),
+        Metric("rgb_std_deviation", rgb_std_deviation, False, "|std of the candidate's RGB values / the "
+               "reference's - 1|: colour spread lost or gained (cosine barely sees a uniform desaturation)", "colours"),
+        Metric("chroma_deviation", chroma_deviation, False, "|mean chroma (max-min of R,G,B) of the candidate / "
+               "the reference's - 1|: saturation lost or gained", "colours"),
         Metric("gpu_resident", gpu_resident, True, "1 if the GPU delegate took every op GPU-only, 0 if not "
                "(NaN: not run)", "a GPU check"),
         Metric("gpu_checked", gpu_checked, True, "1 if the LiteRT GPU check ran to a verdict, 0 if it could not "
@@ -301,6 +342,29 @@ def evaluate(
                 raise KeyError(f"unknown gate metric '{metric}'; known: {', '.join(METRICS)}")
             value = measure(metric, candidate, reference)
             results.append(GateResult(output, metric, value, float(threshold), check_value(metric, value, threshold)))
+    return results
+
+
+def evaluate_slices(candidates: dict[str, np.ndarray], references: dict[str, np.ndarray],
+                    slices: dict[str, dict[str, tuple[int, int]]], thresholds: dict[str, float]) -> list[GateResult]:
+    """The array thresholds on named channel ranges of the last axis, one result per (output, slice, metric):
+    an output that packs several quantities (a Gaussian decoder's positions, colours, scales...) is gated on
+    each, so a wrong small slice cannot hide in the whole output's cosine. `slices`: output -> {name: (start,
+    stop)}; a candidate with the wrong shape fails every slice (NaN)."""
+    results = []
+    for output, named in slices.items():
+        reference, candidate = np.asarray(references[output]), candidates.get(output)
+        if candidate is not None and np.shape(candidate) != reference.shape:
+            candidate = None
+        for name, (start, stop) in named.items():
+            ref = reference[..., start:stop]
+            cand = None if candidate is None else np.asarray(candidate)[..., start:stop]
+            for metric, threshold in thresholds.items():
+                if METRICS[metric].compares != "arrays":
+                    continue
+                value = measure(metric, cand, ref)
+                results.append(GateResult(f"{output}[{name}]", metric, value, float(threshold),
+                                          check_value(metric, value, threshold)))
     return results
 
 
