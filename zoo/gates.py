@@ -28,7 +28,7 @@ class Metric:
     fn: Callable[[Any, Any], float]
     higher_is_better: bool
     explains: str
-    compares: str = "arrays"  # arrays | token streams | runtime text | a GPU check
+    compares: str = "arrays"  # arrays | token streams | sampler steps | sampler runs | runtime text | a GPU check
 
 
 def _as64(x) -> np.ndarray:
@@ -172,6 +172,30 @@ def min_step_cosine(candidate_steps, reference_steps) -> float:
     return nan_min(cosine(c, r) for c, r in zip(candidate_steps, reference_steps))
 
 
+def min_channel_cosine(candidate, reference) -> float:
+    """Lowest cosine over the channels (last axis) of two arrays, each channel taken over every other axis: a
+    wrong channel among many (one of a DiT's 16 latent channels) barely moves the global cosine but shows here.
+    NaN when a side is non-finite or the shapes differ."""
+    a, b = np.asarray(candidate, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    if a.shape != b.shape or a.ndim == 0:
+        return float("nan")
+    return nan_min(cosine(a[..., c], b[..., c]) for c in range(a.shape[-1]))
+
+
+def min_step_channel_cosine(candidate_steps, reference_steps) -> float:
+    """`min_channel_cosine` over every sampler step (teacher forcing); NaN as for `min_step_cosine`."""
+    if len(candidate_steps) != len(reference_steps) or not reference_steps:
+        return float("nan")
+    return nan_min(min_channel_cosine(c, r) for c, r in zip(candidate_steps, reference_steps))
+
+
+def max_step_rel_max_abs(candidate_steps, reference_steps) -> float:
+    """Largest per-step max-abs / max |reference| over every sampler step; NaN if a step is missing or NaN."""
+    if len(candidate_steps) != len(reference_steps) or not reference_steps:
+        return float("nan")
+    return nan_max(rel_max_abs(c, r) for c, r in zip(candidate_steps, reference_steps))
+
+
 def text_exact(candidate, reference) -> float:
     """1 if two generated texts are identical, else 0. For runtimes that return text, not token ids
     (LiteRT-LM): the reference is the expected greedy tokens decoded by the same tokenizer, so any
@@ -269,6 +293,14 @@ METRICS: dict[str, Metric] = {
                "while both streams share the same context", "token streams"),
         Metric("min_step_cosine", min_step_cosine, True, "lowest cosine over every sampler step, the network fed "
                "the eager pipeline's captured inputs of that step; NaN if a step is missing", "sampler steps"),
+        Metric("min_step_channel_cosine", min_step_channel_cosine, True, "lowest per-channel (last axis) cosine "
+               "over every sampler step fed the eager run's captured inputs", "sampler steps"),
+        Metric("max_step_rel_max_abs", max_step_rel_max_abs, False, "largest max-abs / max |reference| over every "
+               "sampler step fed the eager run's captured inputs", "sampler steps"),
+        Metric("free_run_cosine", cosine, True, "cosine of the sampler's final output with the network converted "
+               "(every step through the artifact, no teacher forcing) vs the eager run's", "sampler runs"),
+        Metric("free_run_rel_max_abs", rel_max_abs, False, "max-abs / max |reference| of that free-running final "
+               "output", "sampler runs"),
         Metric("detection_recall", detection_recall, True, "fraction of reference detections above the score "
                "threshold matched by a same-class detection (IoU and score within tolerance); NaN if there are "
                "none", "detection sets"),
