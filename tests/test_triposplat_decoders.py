@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 from models.triposplat import octree, ply
 from models.triposplat.decoders import (GAUSSIAN_PREFIX, OCTREE_PREFIX, GaussianDecoder, GaussianDecoderConfig,
-                                        OctreeDecoder, OctreeDecoderConfig, gaussian_layout, split_decoder_file)
+                                        OctreeDecoderConfig, gaussian_decoder, gaussian_layout, octree_decoder,
+                                        split_decoder_file)
 from zoo.errors import ZooError
 from zoo.weights import load_strict
 
@@ -32,15 +33,15 @@ def golden():
     return state, config, load_file(GOLDEN / "decoder_tiny_io.safetensors")
 
 
-def octree_decoder(golden, **build) -> OctreeDecoder:
+def octree_port(golden, **build):
     state, config, _ = golden
-    return load_strict(OctreeDecoder(OctreeDecoderConfig.from_dict(config["octree"]), **build),
+    return load_strict(octree_decoder(OctreeDecoderConfig.from_dict(config["octree"]), **build),
                        split_decoder_file(state, OCTREE_PREFIX)).eval()
 
 
-def gaussian_decoder(golden, **build) -> GaussianDecoder:
+def gaussian_port(golden, **build) -> GaussianDecoder:
     state, config, _ = golden
-    return load_strict(GaussianDecoder(GaussianDecoderConfig.from_dict(config["gs"]), **build),
+    return load_strict(gaussian_decoder(GaussianDecoderConfig.from_dict(config["gs"]), **build),
                        split_decoder_file(state, GAUSSIAN_PREFIX)).eval()
 
 
@@ -48,8 +49,8 @@ def test_decoder_file_loads_strictly_in_both_parts(golden):
     """Every key of upstream's decoder file lands in exactly one of the two ports (84 keys, incl. the
     persistent offset buffers), and the offset pattern we compute equals the stored one bitwise."""
     state, _, _ = golden
-    octree_keys = set(octree_decoder(golden).state_dict())
-    gs = gaussian_decoder(golden)
+    octree_keys = set(octree_port(golden).state_dict())
+    gs = gaussian_port(golden)
     assert {OCTREE_PREFIX + k for k in octree_keys} | {GAUSSIAN_PREFIX + k for k in gs.state_dict()} == set(state)
     fresh = GaussianDecoder(gs.cfg)
     assert torch.equal(fresh.points_offset_perturbation, state["gs.points_offset_perturbation"])
@@ -62,7 +63,7 @@ def test_decoder_file_loads_strictly_in_both_parts(golden):
 def test_octree_decoder_matches_upstream(golden, build):
     """Measured: max-abs ≤ 2e-6 on |logits| ~1 in every graph form (float level, host sinusoids, chunks)."""
     _, _, io = golden
-    model = octree_decoder(golden, **build)
+    model = octree_port(golden, **build)
     with torch.no_grad():
         logits = model(*model.host_inputs(io["octree.points"], io["octree.level"], io["latent"]))
     ref = io["octree.logits"]
@@ -73,7 +74,7 @@ def test_octree_decoder_matches_upstream(golden, build):
 @pytest.mark.parametrize("build", [{}, {"host_sinusoids": True}, {"attention_chunk": 24}])
 def test_gaussian_decoder_matches_upstream(golden, build):
     _, _, io = golden
-    model = gaussian_decoder(golden, **build)
+    model = gaussian_port(golden, **build)
     with torch.no_grad():
         features = model(*model.host_inputs(io["sample.points"], io["latent"]))
     ref = io["gs.features"]
@@ -123,7 +124,7 @@ def test_octree_sampling_through_our_decoder_with_fixed_queries(golden):
     """Driven by our port through a fixed 64-query graph (padded, sliced), every level's logits match upstream's
     recorded ones to fp32 noise and the descent lands on upstream's points."""
     _, _, io = golden
-    model = octree_decoder(golden)
+    model = octree_port(golden)
     calls = recorded_calls(io)
     seen = []
 
@@ -149,7 +150,7 @@ def test_ply_matches_upstream_export_and_parses_back(golden, tmp_path):
     """Our Gaussian assembly + writer against upstream's own .ply bytes: same header, properties and count;
     values equal to fp32 rounding (rotation through a quaternion product where upstream goes via matrices)."""
     _, _, io = golden
-    gs = gaussian_decoder(golden)
+    gs = gaussian_port(golden)
     params = octree.gaussian_parameters(io["gs.features"][0], io["sample.points"][0], gs)
     path = tmp_path / "splats.ply"
     count = ply.write_ply(path, params)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from models.triposplat import decoding
 from models.triposplat import sampler as flow
 from models.triposplat.dit import INPUT_NAMES, OUTPUT_NAMES, SOBOL_SEED, DiTConfig, LatentSeqMMFlowModel
 from zoo import gates
@@ -228,6 +229,7 @@ def seeded_dit_state(dit_cfg: DiTConfig, seed: int) -> dict[str, torch.Tensor]:
 # its part here (RANDOM_PARTS["decoder"] = ...) when it appends its components.
 RANDOM_PARTS = {"dit": lambda cfg, seed: (architecture(cfg, "dit"),
                                           seeded_dit_state(DiTConfig.from_dict(architecture(cfg, "dit")), seed))}
+RANDOM_PARTS["decoder"] = decoding.random_decoder_part
 
 
 def random_checkpoint(cfg) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -269,12 +271,14 @@ class TripoSplatModelConfig(ModelConfig):
     sobol_seed: int = SOBOL_SEED
     per_step_gate: PerStepGateSection = field(default_factory=PerStepGateSection)
     # ---- decoder keys (models/triposplat/decoders.py) go below this line ----
+    decoders: decoding.DecoderSection = field(default_factory=decoding.DecoderSection)
 
 
 COMPONENTS = [
     Component(name="dit", build=dit_build, reference=dit_reference, example_inputs=dit_example_inputs,
               output_names=list(OUTPUT_NAMES), verify=dit_verify, extra_files=dit_extra_files),
     # ---- decoder components are appended here (octree-decoder, gaussian-decoder) ----
+    *decoding.COMPONENTS,
 ]
 
 SPEC = ModelSpec(

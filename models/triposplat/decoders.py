@@ -295,12 +295,15 @@ class _Decoder(nn.Module):
 
 
 class OctreeDecoder(_Decoder):
-    """(points [B,Q,3], level [B] float | level_sinusoid [B,256], latent [B,T,16]) -> logits [B,Q,8]
-    (with host_sinusoids also point_sinusoid [B,Q,C] after points)."""
+    """(points [B,Q,3], level [B] float, latent [B,T,16]) -> logits [B,Q,8]: the sinusoids in the graph.
+    `OctreeDecoderHostSinusoids` (same weights and keys) takes them as inputs instead. The pipeline calls a
+    graph by keyword and the reference positionally, so each form is its own forward signature."""
 
-    def __init__(self, cfg: OctreeDecoderConfig, host_sinusoids: bool = False, attention_chunk: int = 0):
+    host_sinusoids = False
+
+    def __init__(self, cfg: OctreeDecoderConfig, attention_chunk: int = 0):
         super().__init__()
-        self.cfg, self.host_sinusoids = cfg, host_sinusoids
+        self.cfg = cfg
         c = cfg.model_channels
         self.input_layer = nn.Linear(c, c)
         self.l_embedder = LevelEmbedder(c)
@@ -314,23 +317,13 @@ class OctreeDecoder(_Decoder):
         self.set_attention_chunk(attention_chunk)
 
     def input_names(self) -> list[str]:
-        if self.host_sinusoids:
-            return ["points", "point_sinusoid", "level_sinusoid", "latent"]
         return ["points", "level", "latent"]
 
     def host_inputs(self, points: torch.Tensor, level: torch.Tensor, latent: torch.Tensor) -> tuple:
         """The graph's inputs, in order, for parent-cell centres, float levels (resolution 2^lv) and the latent."""
-        points, level, latent = points.float(), level.float(), latent.float()
-        if self.host_sinusoids:
-            return points, point_sinusoid(points, self.cfg.model_channels), level_sinusoid(level), latent
-        return points, level, latent
+        return points.float(), level.float(), latent.float()
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        if self.host_sinusoids:
-            points, point_emb, level_emb, latent = inputs
-        else:
-            points, level, latent = inputs
-            point_emb, level_emb = self.pos_embedder(points), self.l_embedder.sinusoid(level)
+    def decode(self, points, point_emb, level_emb, latent) -> torch.Tensor:
         h = self.input_layer(self.in_proj(points) + point_emb)
         mod = self.l_embedder(level_emb)
         if self.cfg.share_mod:
@@ -339,15 +332,37 @@ class OctreeDecoder(_Decoder):
             h = block(h, mod, latent)
         return self.out_proj(layer_norm(h, 1e-5))
 
+    def forward(self, points: torch.Tensor, level: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        return self.decode(points, self.pos_embedder(points), self.l_embedder.sinusoid(level), latent)
+
+
+class OctreeDecoderHostSinusoids(OctreeDecoder):
+    """(points [B,Q,3], point_sinusoid [B,Q,C], level_sinusoid [B,256], latent [B,T,16]) -> logits [B,Q,8]."""
+
+    host_sinusoids = True
+
+    def input_names(self) -> list[str]:
+        return ["points", "point_sinusoid", "level_sinusoid", "latent"]
+
+    def host_inputs(self, points: torch.Tensor, level: torch.Tensor, latent: torch.Tensor) -> tuple:
+        points = points.float()
+        return points, point_sinusoid(points, self.cfg.model_channels), level_sinusoid(level), latent.float()
+
+    def forward(self, points: torch.Tensor, point_sinusoid: torch.Tensor, level_sinusoid: torch.Tensor,
+                latent: torch.Tensor) -> torch.Tensor:
+        return self.decode(points, point_sinusoid, level_sinusoid, latent)
+
 
 class GaussianDecoder(_Decoder):
-    """(points [B,N,3], latent [B,T,16]) -> features [B,N,480] (with host_sinusoids also point_sinusoid
-    [B,N,C] after points). The offset perturbation buffers are upstream's (persistent, so in the decoder
-    file) and serve the host-side Gaussian assembly (octree.py)."""
+    """(points [B,N,3], latent [B,T,16]) -> features [B,N,480], the point sinusoid in the graph;
+    `GaussianDecoderHostSinusoids` takes it as an input after points. The offset perturbation buffers are
+    upstream's (persistent, so in the decoder file) and serve the host-side Gaussian assembly (octree.py)."""
 
-    def __init__(self, cfg: GaussianDecoderConfig, host_sinusoids: bool = False, attention_chunk: int = 0):
+    host_sinusoids = False
+
+    def __init__(self, cfg: GaussianDecoderConfig, attention_chunk: int = 0):
         super().__init__()
-        self.cfg, self.host_sinusoids = cfg, host_sinusoids
+        self.cfg = cfg
         c, rep = cfg.model_channels, cfg.representation_config
         self.layout = gaussian_layout(rep.num_gaussians)
         self.out_channels = max(stop for _, stop in self.layout.values())
@@ -362,24 +377,41 @@ class GaussianDecoder(_Decoder):
         self.set_attention_chunk(attention_chunk)
 
     def input_names(self) -> list[str]:
-        return ["points", "point_sinusoid", "latent"] if self.host_sinusoids else ["points", "latent"]
+        return ["points", "latent"]
 
     def host_inputs(self, points: torch.Tensor, latent: torch.Tensor) -> tuple:
-        points, latent = points.float(), latent.float()
-        if self.host_sinusoids:
-            return points, point_sinusoid(points, self.cfg.model_channels), latent
-        return points, latent
+        return points.float(), latent.float()
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        if self.host_sinusoids:
-            points, point_emb, latent = inputs
-        else:
-            points, latent = inputs
-            point_emb = self.pos_embedder(points)
+    def decode(self, points, point_emb, latent) -> torch.Tensor:
         h = self.input_layer(self.in_proj(points) + point_emb)
         for block in self.blocks:
             h = block(h, latent)
         return self.out_proj(layer_norm(h, 1e-5))
+
+    def forward(self, points: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        return self.decode(points, self.pos_embedder(points), latent)
+
+
+class GaussianDecoderHostSinusoids(GaussianDecoder):
+    host_sinusoids = True
+
+    def input_names(self) -> list[str]:
+        return ["points", "point_sinusoid", "latent"]
+
+    def host_inputs(self, points: torch.Tensor, latent: torch.Tensor) -> tuple:
+        points = points.float()
+        return points, point_sinusoid(points, self.cfg.model_channels), latent.float()
+
+    def forward(self, points: torch.Tensor, point_sinusoid: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        return self.decode(points, point_sinusoid, latent)
+
+
+def octree_decoder(cfg: OctreeDecoderConfig, host_sinusoids: bool = False, attention_chunk: int = 0) -> OctreeDecoder:
+    return (OctreeDecoderHostSinusoids if host_sinusoids else OctreeDecoder)(cfg, attention_chunk)
+
+
+def gaussian_decoder(cfg: GaussianDecoderConfig, host_sinusoids: bool = False, attention_chunk: int = 0) -> GaussianDecoder:
+    return (GaussianDecoderHostSinusoids if host_sinusoids else GaussianDecoder)(cfg, attention_chunk)
 
 
 # ---------------------------------------------------------------- the fixed per-Gaussian offset pattern

@@ -28,8 +28,8 @@ from torch import nn
 
 from models.triposplat import octree
 from models.triposplat.decoders import (GAUSSIAN_PREFIX, OCTREE_PREFIX, GaussianDecoder, GaussianDecoderConfig,
-                                        OctreeDecoder, OctreeDecoderConfig, gaussian_layout, point_sinusoid,
-                                        split_decoder_file)
+                                        OctreeDecoder, OctreeDecoderConfig, gaussian_decoder, gaussian_layout,
+                                        octree_decoder, split_decoder_file)
 from zoo import gates
 from zoo.registry import Component
 from zoo.weights import Checkpoint, load_strict
@@ -73,13 +73,13 @@ def decoder_state(checkpoint: Checkpoint, prefix: str) -> dict[str, torch.Tensor
 
 def octree_module(checkpoint: Checkpoint, cfg, chunk: int) -> OctreeDecoder:
     octree_cfg, _ = decoder_configs(checkpoint, cfg)
-    module = OctreeDecoder(octree_cfg, bool(cfg.decoders.host_sinusoids), chunk)
+    module = octree_decoder(octree_cfg, bool(cfg.decoders.host_sinusoids), chunk)
     return load_strict(module, decoder_state(checkpoint, OCTREE_PREFIX)).eval()
 
 
 def gaussian_module(checkpoint: Checkpoint, cfg, chunk: int) -> GaussianDecoder:
     _, gs_cfg = decoder_configs(checkpoint, cfg)
-    module = GaussianDecoder(gs_cfg, bool(cfg.decoders.host_sinusoids), chunk)
+    module = gaussian_decoder(gs_cfg, bool(cfg.decoders.host_sinusoids), chunk)
     return load_strict(module, decoder_state(checkpoint, GAUSSIAN_PREFIX)).eval()
 
 
@@ -162,11 +162,8 @@ def octree_example_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tensor
 def gaussian_example_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tensor]:
     """The points the eager descent sampled, with the latent it descended on."""
     run = eager_decode(checkpoint, cfg)
-    _, gs_cfg = decoder_configs(checkpoint, cfg)
-    if cfg.decoders.host_sinusoids:
-        return {"points": run.points, "point_sinusoid": point_sinusoid(run.points, gs_cfg.model_channels),
-                "latent": run.latent}
-    return {"points": run.points, "latent": run.latent}
+    module = gaussian_reference(checkpoint, cfg)
+    return dict(zip(module.input_names(), module.host_inputs(run.points, run.latent)))
 
 
 # ---------------------------------------------------------------- gates
