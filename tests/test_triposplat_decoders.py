@@ -8,6 +8,8 @@ an 8-level octree descent, the Gaussian decoder's features and upstream's .ply b
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +24,54 @@ from models.triposplat.decoders import (GAUSSIAN_PREFIX, OCTREE_PREFIX, Gaussian
 from zoo.errors import ZooError
 from zoo.weights import load_strict
 
-PACKAGE = Path(__file__).resolve().parent.parent / "models" / "triposplat"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "models" / "triposplat"
 GOLDEN, TINY_DECODER = PACKAGE / "golden", PACKAGE / "tiny" / "decoder"
+
+
+# ---------------------------------------------------------------- conversions, started first (the slow part)
+
+CONVERT = """
+import sys
+from pathlib import Path
+from zoo.pipeline import convert_model
+from zoo.registry import load_model_config
+out, targets, components, *overrides = sys.argv[1:]
+cfg = load_model_config("triposplat")
+for item in overrides:
+    key, value = item.split("=")
+    section, name = key.split(".")
+    cfg[section][name] = type(cfg[section][name])(value)
+results = convert_model(cfg, targets.split(","), out_dir=Path(out), weights_spec="tiny", components=components.split(","))
+for r in results:
+    print("BUNDLE", r.component, r.target, r.precision, r.status_text, r.error)
+"""
+
+
+def start_conversion(out: Path, targets: str, components: str, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CONVERT, str(out), targets, components, *overrides], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The Gaussian decoder on LiteRT at its default precision (fp16), gated on a seeded latent (no DiT run)."""
+    out = tmp_path_factory.mktemp("triposplat-decoders")
+    proc = start_conversion(out, "litert", "gaussian-decoder", "decoders.latent=seeded")
+    yield proc, out / "triposplat"
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def finished(converted, timeout: int = 900) -> tuple[Path, str]:
+    proc, folder = converted
+    output, _ = proc.communicate(timeout=timeout)
+    return folder, output
+
+
+def test_conversion_started(converted):   # first in the module: the conversion runs while the port tests do
+    assert converted[0].pid > 0
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +255,131 @@ def test_render_golden_decode_to_png(golden, tmp_path):
     path = render.save_png(tmp_path / "pair.png", [image, image])
     from PIL import Image
     assert Image.open(path).size == (48 * 2 + 4, 48)
+
+
+# ---------------------------------------------------------------- gates: slices and colour (calibrated on eager outputs)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from zoo import weights
+    from zoo.registry import get_spec, load_model_config
+
+    cfg = load_model_config("triposplat")
+    cfg.decoders.latent = "seeded"     # these tests need no DiT run
+    spec = get_spec(cfg)
+    return cfg, weights.resolve(cfg, "tiny", spec.tiny_dir, spec.random_checkpoint)
+
+
+def test_tiny_checkpoint_decoder_part_is_the_golden_decoder_file(golden, tiny):
+    from models.triposplat import decoding
+
+    cfg, checkpoint = tiny
+    state, _, _ = golden
+    assert {k: v for k, v in checkpoint.state_dict.items() if k.startswith("decoder.")}.keys() == {f"decoder.{k}" for k in state}
+    assert decoding.decoder_configs(checkpoint, cfg)[1].representation_config.num_gaussians == 32
+
+
+def test_slice_gates_name_the_wrong_slice_and_fail_a_misshapen_output():
+    from zoo import gates
+
+    layout = gaussian_layout(32)
+    ref = np.random.default_rng(0).normal(size=(1, 16, 480))
+    bad = ref.copy()
+    bad[..., 288:416] = np.random.default_rng(1).normal(size=(1, 16, 128))   # rot replaced
+    results = gates.evaluate_slices({"features": bad}, {"features": ref}, {"features": layout}, {"cosine": 0.9999})
+    assert {r.output: r.passed for r in results} == {f"features[{n}]": n != "rot" for n in layout}
+    misshapen = gates.evaluate_slices({"features": ref[:, :8]}, {"features": ref}, {"features": layout}, {"cosine": 0.5})
+    assert len(misshapen) == len(layout) and not any(r.passed for r in misshapen)
+    assert all(np.isnan(r.value) for r in misshapen)
+
+
+def colour_gates(candidate, reference):
+    from models.triposplat.decoding import rgb_from_features
+    from zoo import gates
+
+    dc = gaussian_layout(32)["dc"]
+    rgb_c, rgb_r = rgb_from_features(candidate, dc), rgb_from_features(reference, dc)
+    return {m: gates.measure(m, rgb_c, rgb_r) for m in ("rgb_std_deviation", "chroma_deviation")}
+
+
+def test_colour_gate_rejects_a_desaturated_decoder_that_cosines_pass(golden, tiny):
+    """The calibration (README "Decoders"): the seed's int8 decoder lost 37% of its RGB spread (0.275 -> 0.172)
+    while per-net cosine passed; random weights cannot reproduce that (models.md), so the negative control builds
+    it: the converted decoder's colour rows scaled by 0.63 (`model.decoders.dc_scale=0.63`). The colour gate
+    (±5%) fails it at -37%, while the dc slice's cosine stays 1.0; fp16-rounded weights pass with room to spare."""
+    from models.triposplat import decoding
+
+    cfg, checkpoint = tiny
+    _, _, io = golden
+    inputs = (io["sample.points"], io["latent"])
+    reference = io["gs.features"].numpy()
+
+    def features(build_cfg, transform=None):
+        module = decoding.gaussian_build(checkpoint, build_cfg)
+        if transform:
+            module.load_state_dict({k: transform(v) for k, v in module.state_dict().items()})
+        with torch.no_grad():
+            return module(*module.host_inputs(*inputs)).numpy()
+
+    desaturating = cfg.copy()
+    desaturating.decoders.dc_scale = 0.63
+    washed = features(desaturating)
+    a, b = gaussian_layout(32)["dc"]
+    from zoo import gates
+    assert gates.cosine(washed[..., a:b], reference[..., a:b]) > 0.999999    # blind to a uniform desaturation
+    deviation = colour_gates(washed, reference)
+    assert 0.34 < deviation["rgb_std_deviation"] < 0.40 and 0.34 < deviation["chroma_deviation"] < 0.40
+    fp16 = colour_gates(features(cfg, lambda v: v.half().float()), reference)
+    exact = colour_gates(features(cfg), reference)
+    assert max(fp16.values()) < 5e-3 and max(exact.values()) < 1e-5
+    nan = reference.copy()
+    nan[0, 0, a] = np.nan
+    assert all(np.isnan(v) for v in colour_gates(nan, reference).values())
+
+
+# ---------------------------------------------------------------- the saved artifacts
+
+
+def manifest(folder: Path, component: str, bundle: str) -> dict:
+    return json.loads((folder / component / bundle / "manifest.json").read_text())
+
+
+def test_gaussian_decoder_converts_and_passes_slice_and_colour_gates_on_litert(converted):
+    from gpu_mode import gpu_ready, gpu_required
+
+    folder, output = finished(converted)
+    assert "BUNDLE gaussian-decoder litert fp16 passed" in output, output[-3000:]
+    gates_by_label = {(g["output"], g["metric"]): g for g in manifest(folder, "gaussian-decoder", "litert-fp16")["gates"]}
+    for name in gaussian_layout(32):
+        assert gates_by_label[(f"features[{name}]", "cosine")]["passed"]
+    colour = [g for (label, metric), g in gates_by_label.items() if metric in ("rgb_std_deviation", "chroma_deviation")]
+    assert len(colour) == 2 and all(g["passed"] and g["value"] < 1e-3 for g in colour)
+    report = json.loads((folder / "gaussian-decoder" / "litert-fp16" / "report.json").read_text())
+    assert abs(report["colour"]["converted"]["rgb_std"] / report["colour"]["eager"]["rgb_std"] - 1) < 1e-3
+    facts = json.loads((folder / "gaussian-decoder" / "litert-fp16" / "decoder.json").read_text())
+    assert len(facts["points_offset_perturbation"]) == 32 and facts["host_sinusoids"] is True
+    if gpu_required() or gpu_ready()[0]:
+        assert report["gpu"]["status"] == "accepted", report["gpu"]
+        assert gates_by_label[("gpu:main/features", "gpu_fp32_rel_err")]["passed"]
+
+
+@pytest.mark.slow
+def test_both_decoders_convert_on_both_targets_and_the_colour_control_fails(tmp_path):
+    """Every decoder bundle (default precision, gated on the eager DiT sampler's final latent) passes; the
+    desaturated negative control (`decoders.dc_scale=0.63`) is refused by the colour gate on both targets."""
+    good = start_conversion(tmp_path / "good", "litert,coreai", "octree-decoder,gaussian-decoder")
+    output, _ = good.communicate(timeout=1800)
+    for component in ("octree-decoder", "gaussian-decoder"):
+        for bundle in ("litert-fp16", "coreai-fp16"):
+            assert f"BUNDLE {component} {bundle.replace('-', ' ')} passed" in output, output[-3000:]
+    levels = [g for g in manifest(tmp_path / "good" / "triposplat", "octree-decoder", "litert-fp16")["gates"]
+              if "octree levels" in g["output"]]
+    assert levels and all(g["passed"] for g in levels)
+    control = start_conversion(tmp_path / "control", "litert,coreai", "gaussian-decoder", "decoders.dc_scale=0.63",
+                               "decoders.latent=seeded")
+    output, _ = control.communicate(timeout=1800)
+    for bundle in ("litert-fp16", "coreai-fp16"):
+        kept = tmp_path / "control" / "triposplat" / "gaussian-decoder" / f"{bundle}.failed" / "manifest.json"
+        failed = {g["metric"] for g in json.loads(kept.read_text())["gates"] if not g["passed"]}
+        assert {"rgb_std_deviation", "chroma_deviation"} <= failed, output[-3000:]
