@@ -31,25 +31,10 @@ GOLDEN, TINY_DECODER = PACKAGE / "golden", PACKAGE / "tiny" / "decoder"
 
 # ---------------------------------------------------------------- conversions, started first (the slow part)
 
-CONVERT = """
-import sys
-from pathlib import Path
-from zoo.pipeline import convert_model
-from zoo.registry import load_model_config
-out, targets, components, *overrides = sys.argv[1:]
-cfg = load_model_config("triposplat")
-for item in overrides:
-    key, value = item.split("=")
-    section, name = key.split(".")
-    cfg[section][name] = type(cfg[section][name])(value)
-results = convert_model(cfg, targets.split(","), out_dir=Path(out), weights_spec="tiny", components=components.split(","))
-for r in results:
-    print("BUNDLE", r.component, r.target, r.precision, r.status_text, r.error)
-"""
-
-
 def start_conversion(out: Path, targets: str, components: str, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CONVERT, str(out), targets, components, *overrides], cwd=ROOT,
+    """`python -m zoo.convert model=triposplat component=[...] target=...` (tiny weights) in a subprocess."""
+    return subprocess.Popen([sys.executable, "-m", "zoo.convert", "model=triposplat", f"component=[{components}]",
+                             f"target={targets}", "weights=tiny", f"out_dir={out}", *overrides], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -57,7 +42,7 @@ def start_conversion(out: Path, targets: str, components: str, *overrides: str) 
 def converted(tmp_path_factory):
     """The Gaussian decoder on LiteRT at its default precision (fp16), gated on a seeded latent (no DiT run)."""
     out = tmp_path_factory.mktemp("triposplat-decoders")
-    proc = start_conversion(out, "litert", "gaussian-decoder", "decoders.latent=seeded")
+    proc = start_conversion(out, "litert", "gaussian-decoder", "model.decoders.latent=seeded")
     yield proc, out / "triposplat"
     if proc.poll() is None:
         proc.kill()
@@ -68,6 +53,15 @@ def finished(converted, timeout: int = 900) -> tuple[Path, str]:
     proc, folder = converted
     output, _ = proc.communicate(timeout=timeout)
     return folder, output
+
+
+def status(folder: Path, component: str, bundle: str) -> str:
+    """A bundle's manifest status; a gate-failed bundle is kept as <bundle>.failed."""
+    for name in (bundle, bundle + ".failed"):
+        path = folder / component / name / "manifest.json"
+        if path.is_file():
+            return json.loads(path.read_text())["status"]
+    return "missing"
 
 
 def test_conversion_started(converted):   # first in the module: the conversion runs while the port tests do
@@ -349,7 +343,7 @@ def test_gaussian_decoder_converts_and_passes_slice_and_colour_gates_on_litert(c
     from gpu_mode import gpu_ready, gpu_required
 
     folder, output = finished(converted)
-    assert "BUNDLE gaussian-decoder litert fp16 passed" in output, output[-3000:]
+    assert converted[0].returncode == 0 and status(folder, "gaussian-decoder", "litert-fp16") == "passed", output[-3000:]
     gates_by_label = {(g["output"], g["metric"]): g for g in manifest(folder, "gaussian-decoder", "litert-fp16")["gates"]}
     for name in gaussian_layout(32):
         assert gates_by_label[(f"features[{name}]", "cosine")]["passed"]
@@ -368,17 +362,18 @@ def test_gaussian_decoder_converts_and_passes_slice_and_colour_gates_on_litert(c
 def test_both_decoders_convert_on_both_targets_and_the_colour_control_fails(tmp_path):
     """Every decoder bundle (default precision, gated on the eager DiT sampler's final latent) passes; the
     desaturated negative control (`decoders.dc_scale=0.63`) is refused by the colour gate on both targets."""
-    good = start_conversion(tmp_path / "good", "litert,coreai", "octree-decoder,gaussian-decoder")
+    good = start_conversion(tmp_path / "good", "all", "octree-decoder,gaussian-decoder")
     output, _ = good.communicate(timeout=1800)
     for component in ("octree-decoder", "gaussian-decoder"):
         for bundle in ("litert-fp16", "coreai-fp16"):
-            assert f"BUNDLE {component} {bundle.replace('-', ' ')} passed" in output, output[-3000:]
+            assert status(tmp_path / "good" / "triposplat", component, bundle) == "passed", output[-3000:]
     levels = [g for g in manifest(tmp_path / "good" / "triposplat", "octree-decoder", "litert-fp16")["gates"]
               if "octree levels" in g["output"]]
     assert levels and all(g["passed"] for g in levels)
-    control = start_conversion(tmp_path / "control", "litert,coreai", "gaussian-decoder", "decoders.dc_scale=0.63",
-                               "decoders.latent=seeded")
+    control = start_conversion(tmp_path / "control", "all", "gaussian-decoder", "model.decoders.dc_scale=0.63",
+                               "model.decoders.latent=seeded")
     output, _ = control.communicate(timeout=1800)
+    assert control.returncode == 1, output[-3000:]
     for bundle in ("litert-fp16", "coreai-fp16"):
         kept = tmp_path / "control" / "triposplat" / "gaussian-decoder" / f"{bundle}.failed" / "manifest.json"
         failed = {g["metric"] for g in json.loads(kept.read_text())["gates"] if not g["passed"]}
