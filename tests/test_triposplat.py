@@ -248,3 +248,38 @@ def test_dit_converts_on_both_targets_and_passes_every_gated_step(converted):
     if gpu_required() or gpu_ready()[0]:
         gpu = json.loads((bundles[("dit", "litert", "fp32")] / "report.json").read_text())["gpu"]
         assert gpu["status"] == "accepted", gpu
+
+
+def test_upstreams_bare_file_layout_loads_with_the_variants_architecture(tripo, tmp_path):
+    """weights=local:FOLDER with upstream's ckpts/ layout (bare fp16 safetensors, no config.json): the file under
+    checkpoint_files loads strictly into the variant's architecture; a missing file is named."""
+    from safetensors.torch import save_file
+
+    from zoo import weights
+    from zoo.registry import get_spec
+
+    cfg, spec = tripo["cfg"], get_spec(tripo["cfg"])
+    with pytest.raises(ZooError, match="diffusion_models/triposplat_fp16.safetensors"):
+        weights.resolve(cfg, f"local:{tmp_path}", spec.tiny_dir, spec.random_checkpoint)
+    state = {k[len("dit."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("dit.")}
+    (tmp_path / "diffusion_models").mkdir()
+    save_file(state, str(tmp_path / "diffusion_models" / "triposplat_fp16.safetensors"))
+    checkpoint = weights.resolve(cfg, f"local:{tmp_path}", spec.tiny_dir, spec.random_checkpoint)
+    assert checkpoint.config == {} and list(checkpoint.provenance["files"]) == ["diffusion_models/triposplat_fp16.safetensors"]
+    module = tripo["module"].dit_build(checkpoint, cfg)     # tiny variant's architecture, fp16 values in fp32
+    assert torch.equal(module.state_dict()["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"].float())
+
+
+@pytest.mark.slow
+def test_real_architecture_has_upstreams_559_keys_and_370_5_m_params(tripo):
+    """weights=random model.variant=real: the real DiT (upstream FLOW_MODEL_ARGS) with seeded weights builds and
+    loads strictly; its key count and size are upstream's (../shared/notes/models.md: 559 keys, 370.5 M)."""
+    from zoo import weights
+    from zoo.registry import get_spec
+
+    cfg = tripo["cfg"].copy()
+    cfg.variant = "real"
+    checkpoint = weights.resolve(cfg, "random", get_spec(cfg).tiny_dir, get_spec(cfg).random_checkpoint)
+    module = tripo["module"].dit_build(checkpoint, cfg)
+    assert len(module.state_dict()) == 559
+    assert round(sum(p.numel() for p in module.parameters()) / 1e6, 1) == 370.5
