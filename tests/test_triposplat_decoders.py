@@ -193,7 +193,7 @@ def test_ply_matches_upstream_export_and_parses_back(golden, tmp_path):
     values equal to fp32 rounding (rotation through a quaternion product where upstream goes via matrices)."""
     _, _, io = golden
     gs = gaussian_port(golden)
-    params = octree.gaussian_parameters(io["gs.features"][0], io["sample.points"][0], gs)
+    params = octree.decoder_gaussians(io["gs.features"][0], io["sample.points"][0], gs)
     path = tmp_path / "splats.ply"
     count = ply.write_ply(path, params)
     ours, theirs = ply.read_ply(path), ply.read_ply(bytes(io["ply.bytes"].numpy()))
@@ -243,7 +243,7 @@ def test_render_places_and_orders_splats():
 
 def test_render_golden_decode_to_png(golden, tmp_path):
     _, _, io = golden
-    params = octree.gaussian_parameters(io["gs.features"][0], io["sample.points"][0], gaussian_port(golden))
+    params = octree.decoder_gaussians(io["gs.features"][0], io["sample.points"][0], gaussian_port(golden))
     image = render.render(params, size=48)
     assert np.isfinite(image).all() and image.max() > 0.1
     path = render.save_png(tmp_path / "pair.png", [image, image])
@@ -378,3 +378,23 @@ def test_both_decoders_convert_on_both_targets_and_the_colour_control_fails(tmp_
         kept = tmp_path / "control" / "triposplat" / "gaussian-decoder" / f"{bundle}.failed" / "manifest.json"
         failed = {g["metric"] for g in json.loads(kept.read_text())["gates"] if not g["passed"]}
         assert {"rgb_std_deviation", "chroma_deviation"} <= failed, output[-3000:]
+
+
+def test_host_decode_through_named_graphs_reproduces_upstreams_decode(golden, tiny):
+    """`octree.decode_latent` (what `zoo generate` and the README picture run over saved bundles) driven by the
+    eager modules as keyword-called graphs and the bundle facts (decoder.json): upstream's points bit for bit from
+    the same seed, its features to fp32 noise and its .ply values to fp32 rounding."""
+    from models.triposplat import decoding
+
+    cfg, checkpoint = tiny
+    _, _, io = golden
+    facts = decoding.decoder_facts(checkpoint, cfg)
+    oct_model, gs_model = decoding.octree_reference(checkpoint, cfg), decoding.gaussian_reference(checkpoint, cfg)
+    gaussians, features = octree.decode_latent(lambda kw: oct_model(**kw), lambda kw: gs_model(**kw), io["latent"],
+                                               json.loads(json.dumps(facts)),
+                                               torch.Generator().manual_seed(int(io["sample.seed"])))
+    assert (features - io["gs.features"]).abs().max() < 1e-5
+    ours = ply.read_ply(ply.ply_bytes(ply.ply_arrays(gaussians)))
+    theirs = ply.read_ply(bytes(io["ply.bytes"].numpy()))
+    for name in ply.PROPERTIES:
+        np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-4, atol=1e-5, err_msg=name)

@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from models.triposplat.decoders import GaussianDecoder, RepresentationConfig
+from models.triposplat.decoders import (GaussianDecoder, RepresentationConfig, gaussian_layout, level_sinusoid,
+                                        point_sinusoid)
 
 MAX_LEVEL = 8
 CHILD_OFFSETS = torch.tensor([[i, j, k] for k in (0, 1) for j in (0, 1) for i in (0, 1)], dtype=torch.long)
@@ -113,25 +114,25 @@ def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def gaussian_parameters(features: torch.Tensor, points: torch.Tensor, decoder: GaussianDecoder) -> dict[str, torch.Tensor]:
+def gaussian_parameters(features: torch.Tensor, points: torch.Tensor, rep: RepresentationConfig,
+                        perturbation: torch.Tensor, base_offset_scale: torch.Tensor | float) -> dict[str, torch.Tensor]:
     """One batch row's decoder output [N, 480] and points [N, 3] -> activated Gaussians (N·32 each), as
-    upstream's `_build_gaussians` + `Gaussian` setters with the production representation config
-    (softplus scales, aabb [-0.5]³ + 1):
-    xyz [M,3], f_dc [M,3], opacity [M,1] in (0,1), scale [M,3] > 0, rotation [M,4] (w,x,y,z, unnormalised)."""
-    rep: RepresentationConfig = decoder.cfg.representation_config
+    upstream's `_build_gaussians` + `Gaussian` setters with the production representation config (softplus
+    scales, aabb [-0.5]³ + 1). `perturbation` [32, 3] and `base_offset_scale` are the decoder file's buffers.
+    -> xyz [M,3], f_dc [M,3], opacity [M,1] in (0,1), scale [M,3] > 0, rotation [M,4] (w,x,y,z, unnormalised)."""
     if rep.scaling_activation != "softplus":
         raise ValueError("only the production softplus scaling is supported")
-    layout, ng = decoder.layout, rep.num_gaussians
+    layout, ng = gaussian_layout(rep.num_gaussians), rep.num_gaussians
     n = features.shape[0]
 
     def part(name: str, width: int) -> torch.Tensor:
         a, b = layout[name]
         return features[:, a:b].reshape(n, ng, width)
 
-    offset_scale = F.softplus(part("offset_scale", 1) + decoder.base_offset_scale)
+    offset_scale = F.softplus(part("offset_scale", 1) + torch.as_tensor(base_offset_scale, dtype=torch.float32))
     offset = part("xyz", 3) * rep.lr["_xyz"]
     if rep.perturb_offset:
-        offset = offset + decoder.points_offset_perturbation
+        offset = offset + perturbation
     offset = torch.tanh(offset) * 0.5 * rep.perturbe_size * offset_scale
     xyz = (offset + points[:, None, :]).flatten(0, 1) - 0.5
     lr = rep.lr
@@ -142,3 +143,45 @@ def gaussian_parameters(features: torch.Tensor, points: torch.Tensor, decoder: G
     rotation = part("rot", 4).flatten(0, 1) * lr["_rotation"] + torch.tensor([1.0, 0.0, 0.0, 0.0])
     return {"xyz": xyz, "f_dc": part("dc", 3).flatten(0, 1) * lr["_features_dc"], "opacity": opacity,
             "scale": scale, "rotation": rotation}
+
+
+def decoder_gaussians(features: torch.Tensor, points: torch.Tensor, decoder: GaussianDecoder) -> dict[str, torch.Tensor]:
+    """gaussian_parameters with an eager decoder's config and buffers."""
+    return gaussian_parameters(features, points, decoder.cfg.representation_config,
+                               decoder.points_offset_perturbation, decoder.base_offset_scale)
+
+
+# ---------------------------------------------------------------- latent -> Gaussians through any two graphs
+
+GraphFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+
+
+@torch.no_grad()
+def decode_latent(octree_graph: GraphFn, gaussian_graph: GraphFn, latent: torch.Tensor, facts: dict,
+                  generator: torch.Generator | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The decode upstream's `OctreeGaussianDecoder.decode` does, through two graphs called with named inputs
+    (an eager module or a saved bundle): the octree descent (fixed query count `facts["points"]`, host-side
+    sinusoids when `facts["host_sinusoids"]`), then the Gaussian decoder on the sampled points, then the
+    assembly. `facts`: the bundles' decoder.json (decoding.decoder_facts). -> (Gaussians, features [1,N,480])."""
+    latent = latent.float()
+    host = bool(facts["host_sinusoids"])
+
+    def octree_inputs(points, level):
+        if host:
+            return {"points": points, "point_sinusoid": point_sinusoid(points, int(facts["octree_channels"])),
+                    "level_sinusoid": level_sinusoid(level), "latent": latent}
+        return {"points": points, "level": level, "latent": latent}
+
+    queries = int(facts["points"])
+    sampled = sample_points(fixed_queries(lambda p, l: octree_graph(octree_inputs(p, l)), queries), 1, queries,
+                            levels=int(facts.get("levels", MAX_LEVEL)), generator=generator)
+    points = sampled["points"]
+    inputs = {"points": points, "latent": latent}
+    if host:
+        inputs = {"points": points, "point_sinusoid": point_sinusoid(points, int(facts["gaussian_channels"])),
+                  "latent": latent}
+    features = gaussian_graph(inputs)
+    rep = RepresentationConfig(**facts["representation"])
+    gaussians = gaussian_parameters(features[0], points[0], rep, torch.tensor(facts["points_offset_perturbation"]),
+                                    facts["base_offset_scale"])
+    return gaussians, features
