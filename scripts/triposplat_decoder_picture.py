@@ -54,22 +54,22 @@ def main() -> None:
 
     oct_model = decoding.octree_reference(checkpoint, cfg)
     gs_model = decoding.gaussian_reference(checkpoint, cfg)
-    eager, eager_features = octree.decode_latent(lambda kw: oct_model(**kw), lambda kw: gs_model(**kw), latent, facts,
+    eager, eager_features, eager_points = octree.decode_latent(lambda kw: oct_model(**kw), lambda kw: gs_model(**kw), latent, facts,
                                                  torch.Generator().manual_seed(seed))
     bundles = {c: args.bundles / c / f"{args.target}-{args.precision}" for c in ("octree-decoder", "gaussian-decoder")}
     for bundle in bundles.values():
         integrity.verify_bundle(bundle)
     with open_session(bundles["octree-decoder"], integrity.read_manifest(bundles["octree-decoder"])) as oct_session, \
             open_session(bundles["gaussian-decoder"], integrity.read_manifest(bundles["gaussian-decoder"])) as gs_session:
-        converted, converted_features = octree.decode_latent(session_graph(oct_session, "logits"),
+        converted, converted_features, converted_points = octree.decode_latent(session_graph(oct_session, "logits"),
                                                              session_graph(gs_session, "features"), latent, facts,
                                                              torch.Generator().manual_seed(seed))
-    same_points = float((eager["xyz"] == converted["xyz"]).all(dim=1).float().mean()) if eager["xyz"].shape == converted["xyz"].shape else 0.0
+    same_points = float((eager_points == converted_points).all(dim=-1).float().mean())
     rgb = {name: np.clip(0.5 + decoding.SH_C0 * g["f_dc"].numpy(), 0, 1) for name, g in (("eager", eager), ("converted", converted))}
     images = [render.render(eager, size=args.size), render.render(converted, size=args.size)]
     render.save_png(args.out, images)
     print(f"bundles: {args.target}-{args.precision} ({args.weights} weights), {eager['xyz'].shape[0]} Gaussians each")
-    print(f"Gaussians at identical positions (same octree seed): {same_points:.4f}")
+    print(f"octree points sampled identically (same seed): {same_points:.4f}")
     print(f"features cosine converted vs eager: {gates.cosine(converted_features.numpy(), eager_features.numpy()):.7f}")
     for name, values in rgb.items():
         print(f"{name}: rgb std {values.std():.4f}, mean chroma {gates.chroma(values).mean():.4f}")

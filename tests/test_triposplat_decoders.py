@@ -390,9 +390,10 @@ def test_host_decode_through_named_graphs_reproduces_upstreams_decode(golden, ti
     _, _, io = golden
     facts = decoding.decoder_facts(checkpoint, cfg)
     oct_model, gs_model = decoding.octree_reference(checkpoint, cfg), decoding.gaussian_reference(checkpoint, cfg)
-    gaussians, features = octree.decode_latent(lambda kw: oct_model(**kw), lambda kw: gs_model(**kw), io["latent"],
+    gaussians, features, points = octree.decode_latent(lambda kw: oct_model(**kw), lambda kw: gs_model(**kw), io["latent"],
                                                json.loads(json.dumps(facts)),
                                                torch.Generator().manual_seed(int(io["sample.seed"])))
+    assert torch.equal(points, io["sample.points"])
     assert (features - io["gs.features"]).abs().max() < 1e-5
     ours = ply.read_ply(ply.ply_bytes(ply.ply_arrays(gaussians)))
     theirs = ply.read_ply(bytes(io["ply.bytes"].numpy()))

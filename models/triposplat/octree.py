@@ -158,11 +158,12 @@ GraphFn = Callable[[dict[str, torch.Tensor]], torch.Tensor]
 
 @torch.no_grad()
 def decode_latent(octree_graph: GraphFn, gaussian_graph: GraphFn, latent: torch.Tensor, facts: dict,
-                  generator: torch.Generator | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+                  generator: torch.Generator | None) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The decode upstream's `OctreeGaussianDecoder.decode` does, through two graphs called with named inputs
     (an eager module or a saved bundle): the octree descent (fixed query count `facts["points"]`, host-side
     sinusoids when `facts["host_sinusoids"]`), then the Gaussian decoder on the sampled points, then the
-    assembly. `facts`: the bundles' decoder.json (decoding.decoder_facts). -> (Gaussians, features [1,N,480])."""
+    assembly. `facts`: the bundles' decoder.json (decoding.decoder_facts).
+    -> (Gaussians, features [1,N,480], sampled points [1,N,3])."""
     latent = latent.float()
     host = bool(facts["host_sinusoids"])
 
@@ -184,4 +185,4 @@ def decode_latent(octree_graph: GraphFn, gaussian_graph: GraphFn, latent: torch.
     rep = RepresentationConfig(**facts["representation"])
     gaussians = gaussian_parameters(features[0], points[0], rep, torch.tensor(facts["points_offset_perturbation"]),
                                     facts["base_offset_scale"])
-    return gaussians, features
+    return gaussians, features, points
