@@ -281,6 +281,13 @@ COMPONENTS = [
     *decoding.COMPONENTS,
 ]
 
+def run_pipeline(*args, **kwargs) -> str:
+    """`zoo generate triposplat --bundles DIR --out splats.ply` (models/triposplat/bundles.py)."""
+    from models.triposplat.bundles import run_bundles
+
+    return run_bundles(*args, **kwargs)
+
+
 SPEC = ModelSpec(
     name="triposplat",
     summary="TripoSplat image-to-3D Gaussians: 370 M rectified-flow DiT (decoders: see README)",
@@ -290,4 +297,6 @@ SPEC = ModelSpec(
     config_schema=TripoSplatModelConfig,
     pipeline_tag="image-to-3d",
     license="mit",
+    run_pipeline=run_pipeline,
+    pipeline_inputs=(),   # no image yet: the image encoders are not components (bundles.py says so in its summary)
 )
