@@ -4,7 +4,7 @@ Runs ONLY in the reference environment (`scripts/setup_triposplat_ref.sh` -> .ca
 2.14.1 + torchvision 0.29.1, upstream model.py / triposplat.py read from the mirror at commit a78fa12 onto its
 path). CI never imports upstream; tests/test_triposplat.py compares our port with what this script wrote:
 
-    .cache/triposplat-ref-venv/bin/python scripts/make_triposplat_goldens.py [--parts dit]
+    .cache/triposplat-ref-venv/bin/python scripts/make_triposplat_goldens.py [--parts dit dit_wide]
 
 Each part has its own function (`PARTS`); a part writes its weights into the tiny checkpoint folder
 models/triposplat/tiny/<part>/ (config.json in upstream's constructor arguments + model.safetensors with
@@ -16,6 +16,8 @@ with upstream's own init under torch.manual_seed(0):
 - sampler.safetensors: upstream's `sample_latent` (FlowEulerCfgSampler: 20 steps, CFG 3.0, shift 3.0, noise from
   a torch.Generator seeded 0) on seeded conditioning: every DiT call it made (inputs, 1000*t, outputs; a forward
   hook; step 0's inputs are the noise it drew) and the final latent and camera.
+Wide DiT (`wide_dit_goldens`): real head width (64) and a point embedding with the exponent ramp, seeded weights
+regenerated on both sides (models/triposplat/seeded.py); only inputs, outputs and the key -> shape manifest stored.
 """
 
 from __future__ import annotations
@@ -115,7 +117,47 @@ def dit_goldens() -> dict:
                     "io_seed": 1, "sampler_cond_seed": 2}}
 
 
-PARTS = {"dit": dit_goldens}   # the decoder goldens register here as "decoder"
+# A wider DiT than the tiny one, at real head width: head_dim 64 (RePo RoPE split 20/20/24, as at real size) and
+# 192 channels (point-embedding frequency count 32 > 16, so the ramp of exponents the real 1024 channels use is
+# exercised; the tiny 64 channels stop at 10). Its 2.9 M weights are not committed: both sides draw them from
+# models/triposplat/seeded.py by key and shape.
+WIDE_DIT = dict(TINY_DIT, model_channels=192, num_heads=3, num_head_channels=64, num_blocks=1)
+WIDE_SEED = 5
+
+
+def _seeded_module():
+    """models/triposplat/seeded.py by path: the zoo package does not import here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("triposplat_seeded", ROOT / "models" / "triposplat" / "seeded.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@torch.no_grad()
+def wide_dit_goldens() -> dict:
+    import model as upstream
+
+    dit = upstream.LatentSeqMMFlowModel(**WIDE_DIT).eval()
+    shapes = {k: tuple(v.shape) for k, v in dit.state_dict().items()}
+    dit.load_state_dict(_seeded_module().seeded_state_dict(shapes, WIDE_SEED), strict=True)
+    generator = torch.Generator().manual_seed(3)
+    latent = torch.randn(1, WIDE_DIT["q_token_length"], WIDE_DIT["in_channels"], generator=generator)
+    camera = torch.randn(1, 1, WIDE_DIT["cam_channels"], generator=generator)
+    cond = conditioning(1, generator)
+    t = torch.tensor([1000.0 * 0.6])
+    y = dit({"latent": latent, "camera": camera}, t, dict(cond))
+    out = GOLDEN / "dit_wide"
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({"latent": latent, "camera": camera, "t": t, **cond,
+               "out_latent": y["latent"].contiguous(), "out_camera": y["camera"].contiguous()}, str(out / "io.safetensors"))
+    (out / "shapes.json").write_text(json.dumps({k: list(v) for k, v in sorted(shapes.items())}, indent=1) + "\n")
+    return {"dit_wide": {"config": WIDE_DIT, "seed": WIDE_SEED, "params": sum(p.numel() for p in dit.parameters()),
+                         "forward_timesteps": t.tolist(), "io_seed": 3}}
+
+
+PARTS = {"dit": dit_goldens, "dit_wide": wide_dit_goldens}   # the decoder goldens register here as "decoder"
 
 
 def main() -> None:

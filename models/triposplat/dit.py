@@ -12,8 +12,9 @@ What differs from upstream, and why (measurements: ../shared/notes/models.md "Tr
   the rotation is the rank-4 `x*cos + rotate_half(x)*sin` and q·k is unchanged (the same permutation on
   both sides of the dot product). `state_dict()` un-permutes, so the keys and tensors stay upstream's.
   Upstream's pair view is rank 5, which the LiteRT GPU delegate rejects.
-- q/k RMS norm as `x * rsqrt(clamp_min(Σx², 1e-24)) * γ * √D`: the same value as F.normalize's
-  `x / max(‖x‖, 1e-12)` without its eps clamp op form.
+- Every norm (the q/k RMS norm, the LayerNorms) in the fp16-safe row-prescaled form of zoo.rewrites.norms
+  (`adaptive_normalize`): exact to fp32 rounding, and no fp16 intermediate passes 65504 (a plain LayerNorm's
+  variance overflows once |x| > ~256; the q/k Σx² of a 64-wide head once |x| > ~32).
 - The Sobol positional embedding (`SobolEngine(3, scramble=True, seed=123)`, then 2^k-frequency sinusoids)
   is computed at construction into a non-persistent buffer (bitwise upstream's values), and the input
   layer's bias is folded into it: on the LiteRT GPU delegate a FULLY_CONNECTED followed by an ADD of a
@@ -36,6 +37,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from zoo.rewrites.norms import adaptive_normalize
 
 SOBOL_SEED = 123              # upstream: SobolEngine(dimension=3, scramble=True, seed=123)
 TIMESTEP_FREQUENCIES = 256    # upstream TimestepEmbedder.frequency_embedding_size
@@ -129,7 +132,13 @@ def deinterleave_order(head_dim: int) -> torch.Tensor:
 
 
 def layer_norm(x: torch.Tensor, eps: float, weight=None, bias=None) -> torch.Tensor:
-    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    """LayerNorm over the last axis in the fp16-safe form (zoo.rewrites.norms.adaptive_normalize: each row scaled
+    by its max |x| first, so no intermediate passes fp16's 65504 — a plain LayerNorm's variance overflows once
+    |x| > ~256, which `zoo doctor` flags on the fp16 Core AI graph as half-layer-norm). Exact to fp32 rounding."""
+    y = adaptive_normalize(x, (-1,), eps, center=True)
+    if weight is not None:
+        y = y * weight
+    return y + bias if bias is not None else y
 
 
 class AffineLayerNorm(nn.Module):
@@ -146,16 +155,17 @@ class AffineLayerNorm(nn.Module):
 
 
 class HeadRMSNorm(nn.Module):
-    """MultiHeadRMSNorm: per head, x / ‖x‖ · γ · √D. `gamma` [H, D] is held in the de-interleaved order."""
+    """MultiHeadRMSNorm: per head, F.normalize(x)·γ·√D = x / rms(x) · γ. `gamma` [H, D] is held in the
+    de-interleaved order. Taken in the fp16-safe form (row max-|x| prescaling, adaptive_normalize): Σx² of a
+    64-wide head passes fp16's range once |x| > ~32. F.normalize's clamp ‖x‖ >= 1e-12 becomes eps on mean(x²)."""
 
     def __init__(self, head_dim: int, heads: int):
         super().__init__()
-        self.scale = head_dim ** 0.5
+        self.eps = RMS_EPS_SQUARED / head_dim
         self.gamma = nn.Parameter(torch.ones(heads, head_dim))
 
     def forward(self, x):  # [B, L, H, D]
-        inverse_norm = torch.rsqrt(torch.clamp_min((x * x).sum(dim=-1, keepdim=True), RMS_EPS_SQUARED))
-        return x * inverse_norm * (self.gamma * self.scale)
+        return adaptive_normalize(x, (-1,), self.eps, center=False) * self.gamma
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
