@@ -399,3 +399,24 @@ def test_host_decode_through_named_graphs_reproduces_upstreams_decode(golden, ti
     theirs = ply.read_ply(bytes(io["ply.bytes"].numpy()))
     for name in ply.PROPERTIES:
         np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_pipeline_request_is_checked_against_what_the_pipeline_takes(tmp_path):
+    """zoo.generate_pipeline.check_request (ModelSpec.pipeline_inputs): a text pipeline needs --prompt and refuses
+    --image; TripoSplat (no image encoders yet) refuses both; an image that is not a file is named."""
+    from models.triposplat.bundles import run_bundles
+    from zoo.generate_pipeline import check_request
+
+    check_request("ltx-video", ("prompt",), "a cat", None)
+    with pytest.raises(ZooError, match="needs --prompt"):
+        check_request("ltx-video", ("prompt",), "  ", None)
+    with pytest.raises(ZooError, match="takes no --image"):
+        check_request("ltx-video", ("prompt",), "a cat", tmp_path / "a.png")
+    check_request("triposplat", (), None, None)
+    for prompt, image in (("a chair", None), (None, tmp_path / "a.png")):
+        with pytest.raises(ZooError, match="takes no --"):
+            check_request("triposplat", (), prompt, image)
+    with pytest.raises(ZooError, match="is not a file"):
+        check_request("some-image-model", ("image",), None, tmp_path / "missing.png")
+    with pytest.raises(ZooError, match=r"\.ply"):     # checked before any session is used
+        run_bundles({}, {}, None, tmp_path / "splats.gif")
