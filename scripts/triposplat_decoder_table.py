@@ -4,9 +4,9 @@
     python -m zoo.convert model=triposplat 'component=[octree-decoder,gaussian-decoder]' target=all   # fp16
     python scripts/triposplat_decoder_table.py [exports/triposplat ...]
 
-One row per decoder bundle (a `.failed` bundle too, marked so): the whole-output cosine, the lowest named-slice
-cosine (Gaussian decoder) or the lowest per-level cosine and largest per-level rel. max-abs over the 8 octree
-levels, the colour gate's two deviations, the LiteRT GPU verdict with its fp32 / fp16 errors vs the CPU interpreter,
+One row per decoder bundle (a gate-failed bundle, kept as `<bundle>.failed`, too): the whole-output cosine, the lowest named-slice
+cosine (Gaussian decoder) or the lowest per-level cosine, lowest per-level child-logit (channel) cosine and largest
+per-level rel. max-abs over the 8 octree levels, the colour gate's two deviations, the LiteRT GPU verdict with its fp32 / fp16 errors vs the CPU interpreter,
 and export + convert + optimize + save seconds.
 """
 
@@ -47,15 +47,16 @@ def main() -> None:
             seconds = sum(stages.get(n, {}).get("seconds", 0) or 0 for n in ("export", "convert", "optimize", "save"))
             octree = r["component"] == "octree-decoder"
             rows.append((r["component"], r["target"], ORDER.get(r["precision"], 9), r["precision"],
-                         r["status"] + (" (negative control)" if path.parent.name.endswith(".failed") else ""),
+                         r["status"] + (" (kept as .failed)" if path.parent.name.endswith(".failed") else ""),
                          value(g, "cosine", lambda o: "[" not in o and "levels" not in o),
                          value(g, "min_step_cosine") if octree else value(g, "cosine", lambda o: "[" in o),
+                         value(g, "min_step_channel_cosine") if octree else "—",
                          value(g, "max_step_rel_max_abs", worst_of=max) if octree else "—",
                          value(g, "rgb_std_deviation", worst_of=max), value(g, "chroma_deviation", worst_of=max),
                          gpu_cell(r), f"{seconds:.1f}"))
-    print("| component | target | precision | status | cosine | min slice / level cosine | max level rel max-abs "
-          "| rgb_std_deviation | chroma_deviation | LiteRT GPU | convert s |")
-    print("|" + "---|" * 11)
+    print("| component | target | precision | status | cosine | min slice / level cosine | min level channel cosine "
+          "| max level rel max-abs | rgb_std_deviation | chroma_deviation | LiteRT GPU | convert s |")
+    print("|" + "---|" * 12)
     for row in sorted(rows):
         print("| " + " | ".join(str(c) for i, c in enumerate(row) if i != 2) + " |")
 
