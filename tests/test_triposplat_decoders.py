@@ -420,3 +420,21 @@ def test_pipeline_request_is_checked_against_what_the_pipeline_takes(tmp_path):
         check_request("some-image-model", ("image",), None, tmp_path / "missing.png")
     with pytest.raises(ZooError, match=r"\.ply"):     # checked before any session is used
         run_bundles({}, {}, None, tmp_path / "splats.gif")
+
+
+@pytest.mark.slow
+def test_real_decoder_architecture_has_upstreams_keys_and_sizes():
+    """model.variant=real (upstream OCTREE_DECODER_ARGS / GS_DECODER_ARGS): 388 keys in the decoder file's layout,
+    octree 50.8 M and Gaussian 237.3 M parameters (models.md), loading strictly from seeded weights."""
+    from models.triposplat import decoding
+    from zoo import weights
+    from zoo.registry import get_spec, load_model_config
+
+    cfg = load_model_config("triposplat")
+    cfg.variant = "real"
+    config, state = decoding.random_decoder_part(cfg, 0)
+    assert len(state) == 388
+    checkpoint = weights.Checkpoint("random", {"decoder": config}, {f"decoder.{k}": v for k, v in state.items()}, {})
+    sizes = [round(sum(p.numel() for p in m.parameters()) / 1e6, 1)
+             for m in (decoding.octree_build(checkpoint, cfg), decoding.gaussian_build(checkpoint, cfg))]
+    assert sizes == [50.8, 237.3]
