@@ -123,19 +123,23 @@ class EagerDecode:
 _DECODES: dict = {}
 
 
-def gate_latent(checkpoint: Checkpoint, cfg, tokens: int) -> torch.Tensor:
+def gate_latent(checkpoint: Checkpoint, cfg) -> torch.Tensor:
+    """The latent the decoders are gated on: the eager DiT sampler's final latent, or (`latent: seeded`) N(0,1) of
+    its shape, for real-size decoder runs where 20 eager real-size DiT steps would take hours here."""
     if str(cfg.decoders.latent) == "dit":
         return tripo().eager_run(checkpoint, cfg).final["latent"].float()
-    return torch.randn(1, tokens, 16, generator=torch.Generator().manual_seed(int(cfg.seed) + 7))
+    dit = tripo().architecture(cfg, "dit")
+    shape = (1, int(dit["q_token_length"]), int(dit["in_channels"]))
+    return torch.randn(shape, generator=torch.Generator().manual_seed(int(cfg.seed) + 7))
 
 
 def eager_decode(checkpoint: Checkpoint, cfg) -> EagerDecode:
-    key = (json.dumps(checkpoint.provenance, sort_keys=True, default=str), int(cfg.seed), int(cfg.decoders.points),
-           str(cfg.decoders.latent), bool(cfg.decoders.host_sinusoids))
+    key = (json.dumps(checkpoint.provenance, sort_keys=True, default=str), str(cfg.variant), int(cfg.seed),
+           int(cfg.decoders.points), str(cfg.decoders.latent), bool(cfg.decoders.host_sinusoids))
     if key in _DECODES:
         return _DECODES[key]
     oct_model = octree_reference(checkpoint, cfg)
-    latent = gate_latent(checkpoint, cfg, int(tripo().architecture(cfg, "dit")["q_token_length"]))
+    latent = gate_latent(checkpoint, cfg)
     queries = int(cfg.decoders.points)
     levels, level_logits = [], []
 
