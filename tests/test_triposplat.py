@@ -96,7 +96,7 @@ def test_port_matches_upstream_forward(tripo, chunk):
             latent, camera = module(g["latent"], g["camera"], timestep_frequencies(g["t"]), g["feature1"], g["feature2"])
     finally:
         module.set_attention_chunk(0)
-    # fp32 noise (measured 4.8e-7 on |y| 2.4); a wrong rotation pairing or norm is O(1)
+    # fp32 noise (measured 4.2e-7 on |y| 2.4); a wrong rotation pairing or norm is O(1)
     assert (latent - g["out_latent"]).abs().max() < 1e-5 * g["out_latent"].abs().max()
     assert (camera - g["out_camera"]).abs().max() < 1e-5 * g["out_camera"].abs().max()
 
@@ -161,7 +161,7 @@ def test_sampler_over_the_port_matches_upstreams_final_latent(tripo):
     run = flow.sample(flow.eager_dit(tripo["dit"]), flow.initial_noise(64, 16, 5, req["seed"]), cond, req["steps"],
                       req["shift"], req["guidance_scale"])
     ref = s["final_latent"]
-    assert (run.final["latent"] - ref).abs().max() < 1e-5 * ref.abs().max()   # measured 6.0e-7 on |y| 3.8
+    assert (run.final["latent"] - ref).abs().max() < 1e-5 * ref.abs().max()   # measured 9.5e-7 on |y| 3.8
 
 
 def test_wrong_point_positions_change_the_output(tripo):
