@@ -187,6 +187,15 @@ def test_checkpoint_without_a_dit_part_or_with_a_wrong_key_is_refused(tripo):
         m.dit_build(Checkpoint("local", ck.config, renamed), tripo["cfg"])
 
 
+def test_gated_steps_are_every_step_on_litert_a_subset_on_coreai_and_out_of_range_is_refused(tripo):
+    m, cfg = tripo["module"], tripo["cfg"].copy()
+    assert m.gate_steps(cfg, "litert", 20) == list(range(20))
+    assert m.gate_steps(cfg, "coreai", 20) == [0, 1, 10, 19]
+    cfg.per_step_gate.steps = {"coreai": [0, 20]}
+    with pytest.raises(ZooError, match=r"index in \[-20, 19\]"):
+        m.gate_steps(cfg, "coreai", 20)
+
+
 # ---------------------------------------------------------------- the sampler-step metrics
 
 
