@@ -235,6 +235,10 @@ def test_per_step_gate_fails_on_a_converted_dit_with_wrong_point_positions(tripo
     wrong = cfg.copy()
     wrong.sobol_seed = 7
     module = m.dit_build(ck, wrong)
+    # teacher forcing only here (the free run's 40 Core AI calls would double this test's time; its metrics are
+    # cosine / rel_max_abs, and the README's LiteRT control shows free_run_cosine 0.856 failing)
+    cfg = cfg.copy()
+    cfg.per_step_gate.free_run_targets = []
     path = convert_with_target("coreai", [Entry("main", module, m.dit_example_inputs(ck, cfg), list(OUTPUT_NAMES))],
                                tmp_path)
     runner = get_target("coreai").open(path)
@@ -247,9 +251,9 @@ def test_per_step_gate_fails_on_a_converted_dit_with_wrong_point_positions(tripo
     by_metric = {}
     for r in results:
         by_metric.setdefault(r.metric, []).append(r)
-    assert set(by_metric) == set(thresholds)
-    for metric in ("min_step_cosine", "min_step_channel_cosine", "max_step_rel_max_abs", "free_run_cosine"):
+    for metric in ("cosine", "min_step_cosine", "min_step_channel_cosine", "max_step_rel_max_abs"):
         assert not any(r.passed for r in by_metric[metric]), metric
+    assert "free_run_cosine" not in by_metric and "not run" in details["free_run"]
     assert len(details["sampler_steps"]["calls"]) == 8   # Core AI: steps [0, 1, 10, -1], both branches
 
 
