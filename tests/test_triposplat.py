@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from test_hub import loopback  # noqa: F401  (the loopback Hub fixture: tests/hub_server.py + the real client)
 from zoo import gates
 from zoo.errors import ZooError
 
@@ -303,6 +304,34 @@ def test_upstreams_bare_file_layout_loads_with_the_variants_architecture(tripo, 
     assert checkpoint.config == {} and list(checkpoint.provenance["files"]) == ["diffusion_models/triposplat_fp16.safetensors"]
     module = tripo["module"].dit_build(checkpoint, cfg)     # tiny variant's architecture, fp16 values in fp32
     assert torch.equal(module.state_dict()["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"].float())
+
+
+def test_hub_weights_fetch_upstreams_files_at_the_pinned_revision(tripo, loopback, tmp_path):
+    """Upstream's Hub layout (bare files under diffusion_models/ and vae/, other files beside them) on the loopback
+    Hub through the real client: only the variant's patterns are fetched, at the pinned revision, and the DiT file
+    loads strictly by checkpoint_files with the variant's architecture; unpinned is refused before any download."""
+    from safetensors.torch import save
+
+    from zoo.registry import get_spec
+    from zoo.weights import resolve
+
+    state = {k[len("dit."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("dit.")}
+    files = {"diffusion_models/triposplat_fp16.safetensors": save(state),
+             "clip_vision/dino_v3_vit_h.safetensors": b"an image encoder's file: not in the patterns, not fetched"}
+    sha = loopback.seed_repo("zoo-test/triposplat-tiny", files)
+    cfg = tripo["cfg"].copy()
+    cfg.variants.tiny.hub = {"repo_id": "zoo-test/triposplat-tiny", "revision": None,
+                             "patterns": ["diffusion_models/triposplat_fp16.safetensors"]}
+    spec = get_spec(cfg)
+    with pytest.raises(ZooError, match="revision"):
+        resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
+    cfg.variants.tiny.hub.revision = sha
+    checkpoint = resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
+    assert checkpoint.provenance["revision"] == sha and checkpoint.is_real and checkpoint.config == {}
+    assert list(checkpoint.provenance["files"]) == ["diffusion_models/triposplat_fp16.safetensors"]
+    assert not (Path(checkpoint.provenance["path"]) / "clip_vision").exists()
+    module = tripo["module"].dit_build(checkpoint, cfg)
+    assert torch.equal(module.state_dict()["out_layer.weight"], state["out_layer.weight"].float())
 
 
 @pytest.mark.slow
