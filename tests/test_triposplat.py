@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from test_hub import loopback  # noqa: F401  (the loopback Hub fixture: tests/hub_server.py + the real client)
 from zoo import gates
 from zoo.errors import ZooError
 
@@ -96,7 +97,7 @@ def test_port_matches_upstream_forward(tripo, chunk):
             latent, camera = module(g["latent"], g["camera"], timestep_frequencies(g["t"]), g["feature1"], g["feature2"])
     finally:
         module.set_attention_chunk(0)
-    # fp32 noise (measured 4.8e-7 on |y| 2.4); a wrong rotation pairing or norm is O(1)
+    # fp32 noise (measured 4.2e-7 on |y| 2.4); a wrong rotation pairing or norm is O(1)
     assert (latent - g["out_latent"]).abs().max() < 1e-5 * g["out_latent"].abs().max()
     assert (camera - g["out_camera"]).abs().max() < 1e-5 * g["out_camera"].abs().max()
 
@@ -161,7 +162,7 @@ def test_sampler_over_the_port_matches_upstreams_final_latent(tripo):
     run = flow.sample(flow.eager_dit(tripo["dit"]), flow.initial_noise(64, 16, 5, req["seed"]), cond, req["steps"],
                       req["shift"], req["guidance_scale"])
     ref = s["final_latent"]
-    assert (run.final["latent"] - ref).abs().max() < 1e-5 * ref.abs().max()   # measured 6.0e-7 on |y| 3.8
+    assert (run.final["latent"] - ref).abs().max() < 1e-5 * ref.abs().max()   # measured 9.5e-7 on |y| 3.8
 
 
 def test_wrong_point_positions_change_the_output(tripo):
@@ -185,6 +186,15 @@ def test_checkpoint_without_a_dit_part_or_with_a_wrong_key_is_refused(tripo):
     renamed["dit.blocks.0.attn.qkv.weight_renamed"] = renamed.pop("dit.blocks.0.attn.qkv.weight")
     with pytest.raises(ZooError, match="1 missing"):
         m.dit_build(Checkpoint("local", ck.config, renamed), tripo["cfg"])
+
+
+def test_gated_steps_are_every_step_on_litert_a_subset_on_coreai_and_out_of_range_is_refused(tripo):
+    m, cfg = tripo["module"], tripo["cfg"].copy()
+    assert m.gate_steps(cfg, "litert", 20) == list(range(20))
+    assert m.gate_steps(cfg, "coreai", 20) == [0, 1, 10, 19]
+    cfg.per_step_gate.steps = {"coreai": [0, 20]}
+    with pytest.raises(ZooError, match=r"index in \[-20, 19\]"):
+        m.gate_steps(cfg, "coreai", 20)
 
 
 # ---------------------------------------------------------------- the sampler-step metrics
@@ -226,6 +236,10 @@ def test_per_step_gate_fails_on_a_converted_dit_with_wrong_point_positions(tripo
     wrong = cfg.copy()
     wrong.sobol_seed = 7
     module = m.dit_build(ck, wrong)
+    # teacher forcing only here (the free run's 40 Core AI calls would double this test's time; its metrics are
+    # cosine / rel_max_abs, and the README's LiteRT control shows free_run_cosine 0.856 failing)
+    cfg = cfg.copy()
+    cfg.per_step_gate.free_run_targets = []
     path = convert_with_target("coreai", [Entry("main", module, m.dit_example_inputs(ck, cfg), list(OUTPUT_NAMES))],
                                tmp_path)
     runner = get_target("coreai").open(path)
@@ -238,10 +252,9 @@ def test_per_step_gate_fails_on_a_converted_dit_with_wrong_point_positions(tripo
     by_metric = {}
     for r in results:
         by_metric.setdefault(r.metric, []).append(r)
-    # every DiT metric reported (the colour gate's metrics belong to the Gaussian decoder)
-    assert set(by_metric) == {k for k in thresholds if gates.METRICS[k].compares != "colours"}
-    for metric in ("min_step_cosine", "min_step_channel_cosine", "max_step_rel_max_abs", "free_run_cosine"):
+    for metric in ("cosine", "min_step_cosine", "min_step_channel_cosine", "max_step_rel_max_abs"):
         assert not any(r.passed for r in by_metric[metric]), metric
+    assert "free_run_cosine" not in by_metric and "not run" in details["free_run"]
     assert len(details["sampler_steps"]["calls"]) == 8   # Core AI: steps [0, 1, 10, -1], both branches
 
 
@@ -302,6 +315,38 @@ def test_upstreams_bare_file_layout_loads_with_the_variants_architecture(tripo, 
     assert torch.equal(gs.state_dict()["out_proj.weight"], decoder["gs.out_proj.weight"].float())
     assert decoding.octree_build(checkpoint, cfg).state_dict().keys() == {
         k[len("octree."):] for k in decoder if k.startswith("octree.")}
+
+
+def test_hub_weights_fetch_upstreams_files_at_the_pinned_revision(tripo, loopback, tmp_path):
+    """Upstream's Hub layout (bare files under diffusion_models/ and vae/, other files beside them) on the loopback
+    Hub through the real client: only the variant's patterns are fetched, at the pinned revision, and the DiT file
+    loads strictly by checkpoint_files with the variant's architecture; unpinned is refused before any download."""
+    from safetensors.torch import save
+
+    from zoo.registry import get_spec
+    from zoo.weights import resolve
+
+    state = {k[len("dit."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("dit.")}
+    decoder = {k[len("decoder."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("decoder.")}
+    files = {"diffusion_models/triposplat_fp16.safetensors": save(state),
+             "vae/triposplat_vae_decoder_fp16.safetensors": save(decoder),
+             "clip_vision/dino_v3_vit_h.safetensors": b"an image encoder's file: not in the patterns, not fetched"}
+    sha = loopback.seed_repo("zoo-test/triposplat-tiny", files)
+    cfg = tripo["cfg"].copy()
+    cfg.variants.tiny.hub = {"repo_id": "zoo-test/triposplat-tiny", "revision": None,
+                             "patterns": ["diffusion_models/triposplat_fp16.safetensors",
+                                          "vae/triposplat_vae_decoder_fp16.safetensors"]}
+    spec = get_spec(cfg)
+    with pytest.raises(ZooError, match="revision"):
+        resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
+    cfg.variants.tiny.hub.revision = sha
+    checkpoint = resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
+    assert checkpoint.provenance["revision"] == sha and checkpoint.is_real and checkpoint.config == {}
+    assert sorted(checkpoint.provenance["files"]) == ["diffusion_models/triposplat_fp16.safetensors",
+                                                      "vae/triposplat_vae_decoder_fp16.safetensors"]
+    assert not (Path(checkpoint.provenance["path"]) / "clip_vision").exists()
+    module = tripo["module"].dit_build(checkpoint, cfg)
+    assert torch.equal(module.state_dict()["out_layer.weight"], state["out_layer.weight"].float())
 
 
 @pytest.mark.slow

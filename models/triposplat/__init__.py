@@ -141,8 +141,12 @@ def gate_steps(cfg, target: str, count: int) -> list[int]:
     subset = (cfg.per_step_gate.steps or {}).get(target)
     if subset is None:
         return list(range(count))
-    chosen = sorted({int(i) % count for i in subset})
-    return chosen
+    outside = [int(i) for i in subset if not -count <= int(i) < count]
+    if outside or not subset:
+        raise ZooError(f"per_step_gate.steps.{target} = {list(subset)}: the sampler runs {count} steps, so a step is "
+                       f"an index in [{-count}, {count - 1}] and at least one is needed.",
+                       f"fix model.per_step_gate.steps.{target} (null gates every step).")
+    return sorted({int(i) % count for i in subset})
 
 
 def dit_verify(ctx) -> tuple[list, dict]:

@@ -43,7 +43,7 @@ from zoo.rewrites.norms import adaptive_normalize
 SOBOL_SEED = 123              # upstream: SobolEngine(dimension=3, scramble=True, seed=123)
 TIMESTEP_FREQUENCIES = 256    # upstream TimestepEmbedder.frequency_embedding_size
 TIMESTEP_MAX_PERIOD = 10000
-RMS_EPS_SQUARED = 1e-24       # F.normalize clamps the norm at 1e-12; here its square clamps Σx²
+RMS_EPS_SQUARED = 1e-24       # F.normalize clamps ‖x‖ at 1e-12: the same floor on Σx², divided by D for mean(x²)
 INPUT_NAMES = ("latent", "camera", "t_freq", "feature1", "feature2")
 OUTPUT_NAMES = ("latent_velocity", "camera_velocity")
 
