@@ -32,7 +32,7 @@ def test_cli_converts_tiny_t5_on_both_targets(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["model=nope"], "Unknown model 'nope'. Valid models: gqa-llm, ltx-video, rf-detr, t5"),
+    (["model=nope"], "Unknown model 'nope'. Valid models: gqa-llm, ltx-video, rf-detr, t5, triposplat"),
     (["model=t5", "target=nope"], "Unknown target 'nope'. Valid: all, coreai, litert"),
     (["model=t5", "precision=fp8"], "Unknown precision 'fp8'. Valid: bf16, default, fp16, fp32, int8"),
     (["model=t5", "target=litert", "precision=bf16"], "Target 'litert' cannot honour precision 'bf16'"),

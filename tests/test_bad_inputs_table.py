@@ -128,7 +128,7 @@ CASES = [
     Case("convert-unknown-precision", "zoo.convert", lambda w: ["precision=fp8", w.out("c")], "Unknown precision 'fp8'"),
     Case("convert-markup-in-target", "zoo.convert", lambda w: ["target=[coreai]", w.out("d")], "Unknown target '[coreai]'"),
     Case("convert-unclosed-bracket", "zoo.convert", lambda w: ["target=[coreai", w.out("e")], "Unknown target '[coreai'"),
-    Case("convert-empty-model", "zoo.convert", lambda w: ["model=", w.out("f")], "'model=' needs a value. Valid: gqa-llm, ltx-video, rf-detr, t5"),
+    Case("convert-empty-model", "zoo.convert", lambda w: ["model=", w.out("f")], "'model=' needs a value. Valid: gqa-llm, ltx-video, rf-detr, t5, triposplat"),
     Case("convert-empty-precision", "zoo.convert", lambda w: ["precision=", w.out("g")], "'precision=' needs a value"),
     Case("convert-unknown-key", "zoo.convert", lambda w: ["foo=bar", w.out("h")], "Unknown config key 'foo'"),
     Case("convert-unknown-model-key", "zoo.convert", lambda w: ["model.nope=1", w.out("i")], "Unknown config key 'model.nope'"),

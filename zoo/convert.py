@@ -20,7 +20,7 @@ from pathlib import Path
 
 import zoo.quiet  # noqa: F401  (before the toolchains are imported)
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich.markup import escape
 
 from zoo.bundle import temp_prefix
@@ -37,6 +37,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     results = convert_model(
         model_config(cfg), list(cfg.target.names), precision=cfg.precision.name, force_precision=bool(cfg.precision.force),
         out_dir=cfg.out_dir, console=console, weights_spec=cfg.weights, no_wait=bool(cfg.get("no_wait", False)),
+        components=selected_components(cfg.get("component")),
     )
     console.summary(results)
     if any(r.status == "error" for r in results):
@@ -49,6 +50,13 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
                            "the previous good bundle (if any) is untouched.")
         return 1
     return 0
+
+
+def selected_components(value) -> list[str] | None:
+    """`component=NAME` or `component=[A,B]` -> names; unset -> None (every component)."""
+    if not value:
+        return None
+    return [str(v) for v in value] if isinstance(value, (list, ListConfig)) else [str(value)]
 
 
 def model_config(cfg: DictConfig):

@@ -28,7 +28,7 @@ class Metric:
     fn: Callable[[Any, Any], float]
     higher_is_better: bool
     explains: str
-    compares: str = "arrays"  # arrays | token streams | runtime text | a GPU check
+    compares: str = "arrays"  # arrays | token streams | sampler steps | sampler runs | runtime text | a GPU check
 
 
 def _as64(x) -> np.ndarray:
@@ -172,6 +172,30 @@ def min_step_cosine(candidate_steps, reference_steps) -> float:
     return nan_min(cosine(c, r) for c, r in zip(candidate_steps, reference_steps))
 
 
+def min_channel_cosine(candidate, reference) -> float:
+    """Lowest cosine over the channels (last axis) of two arrays, each channel taken over every other axis: a
+    wrong channel among many (one of a DiT's 16 latent channels) barely moves the global cosine but shows here.
+    NaN when a side is non-finite or the shapes differ."""
+    a, b = np.asarray(candidate, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    if a.shape != b.shape or a.ndim == 0:
+        return float("nan")
+    return nan_min(cosine(a[..., c], b[..., c]) for c in range(a.shape[-1]))
+
+
+def min_step_channel_cosine(candidate_steps, reference_steps) -> float:
+    """`min_channel_cosine` over every sampler step (teacher forcing); NaN as for `min_step_cosine`."""
+    if len(candidate_steps) != len(reference_steps) or not reference_steps:
+        return float("nan")
+    return nan_min(min_channel_cosine(c, r) for c, r in zip(candidate_steps, reference_steps))
+
+
+def max_step_rel_max_abs(candidate_steps, reference_steps) -> float:
+    """Largest per-step max-abs / max |reference| over every sampler step; NaN if a step is missing or NaN."""
+    if len(candidate_steps) != len(reference_steps) or not reference_steps:
+        return float("nan")
+    return nan_max(rel_max_abs(c, r) for c, r in zip(candidate_steps, reference_steps))
+
+
 def text_exact(candidate, reference) -> float:
     """1 if two generated texts are identical, else 0. For runtimes that return text, not token ids
     (LiteRT-LM): the reference is the expected greedy tokens decoded by the same tokenizer, so any
@@ -179,6 +203,43 @@ def text_exact(candidate, reference) -> float:
     if not isinstance(candidate, str) or not isinstance(reference, str):
         return float("nan")
     return 1.0 if candidate == reference else 0.0
+
+
+# ---------------------------------------------------------------- colour statistics (RGB arrays [..., 3] in [0, 1])
+
+
+def _rgb(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).reshape(-1, 3)
+
+
+def _ratio_deviation(candidate_stat: float, reference_stat: float) -> float:
+    if not (np.isfinite(candidate_stat) and np.isfinite(reference_stat)) or reference_stat <= 0:
+        return float("nan")
+    return abs(candidate_stat / reference_stat - 1.0)
+
+
+def rgb_std_deviation(candidate, reference) -> float:
+    """|std(candidate RGB) / std(reference RGB) - 1| over every colour value: how far the converted output's
+    colour spread moved (a quantised decoder that desaturates shrinks it while cosines stay near 1). NaN when
+    either side is non-finite or the reference has no spread."""
+    a, b = _rgb(candidate), _rgb(reference)
+    if a.shape != b.shape:
+        return float("nan")
+    return _ratio_deviation(float(a.std()), float(b.std()))
+
+
+def chroma(rgb) -> np.ndarray:
+    """Per colour: max(R,G,B) - min(R,G,B) (HSV chroma), 0 for greys."""
+    rgb = _rgb(rgb)
+    return rgb.max(axis=1) - rgb.min(axis=1)
+
+
+def chroma_deviation(candidate, reference) -> float:
+    """|mean chroma(candidate) / mean chroma(reference) - 1|: saturation lost (or gained) by the conversion."""
+    a, b = _rgb(candidate), _rgb(reference)
+    if a.shape != b.shape:
+        return float("nan")
+    return _ratio_deviation(float(chroma(a).mean()), float(chroma(b).mean()))
 
 
 # ---------------------------------------------------------------- LiteRT GPU check (zoo/targets/litert_gpu.py)
@@ -232,6 +293,14 @@ METRICS: dict[str, Metric] = {
                "while both streams share the same context", "token streams"),
         Metric("min_step_cosine", min_step_cosine, True, "lowest cosine over every sampler step, the network fed "
                "the eager pipeline's captured inputs of that step; NaN if a step is missing", "sampler steps"),
+        Metric("min_step_channel_cosine", min_step_channel_cosine, True, "lowest per-channel (last axis) cosine "
+               "over every sampler step fed the eager run's captured inputs", "sampler steps"),
+        Metric("max_step_rel_max_abs", max_step_rel_max_abs, False, "largest max-abs / max |reference| over every "
+               "sampler step fed the eager run's captured inputs", "sampler steps"),
+        Metric("free_run_cosine", cosine, True, "cosine of the sampler's final output with the network converted "
+               "(every step through the artifact, no teacher forcing) vs the eager run's", "sampler runs"),
+        Metric("free_run_rel_max_abs", rel_max_abs, False, "max-abs / max |reference| of that free-running final "
+               "output", "sampler runs"),
         Metric("detection_recall", detection_recall, True, "fraction of reference detections above the score "
                "threshold matched by a same-class detection (IoU and score within tolerance); NaN if there are "
                "none", "detection sets"),
@@ -243,6 +312,10 @@ METRICS: dict[str, Metric] = {
                "matched detection pairs", "detection sets"),
         Metric("litertlm_text_exact", text_exact, True, "1 if the LiteRT-LM runtime's greedy text (its own "
                "tokenizer and sampler, top-k 1) is the expected greedy tokens decoded, else 0", "runtime text"),
+        Metric("rgb_std_deviation", rgb_std_deviation, False, "|std of the candidate's RGB values / the "
+               "reference's - 1|: colour spread lost or gained (cosine barely sees a uniform desaturation)", "colours"),
+        Metric("chroma_deviation", chroma_deviation, False, "|mean chroma (max-min of R,G,B) of the candidate / "
+               "the reference's - 1|: saturation lost or gained", "colours"),
         Metric("gpu_resident", gpu_resident, True, "1 if the GPU delegate took every op GPU-only, 0 if not "
                "(NaN: not run)", "a GPU check"),
         Metric("gpu_checked", gpu_checked, True, "1 if the LiteRT GPU check ran to a verdict, 0 if it could not "
@@ -301,6 +374,29 @@ def evaluate(
                 raise KeyError(f"unknown gate metric '{metric}'; known: {', '.join(METRICS)}")
             value = measure(metric, candidate, reference)
             results.append(GateResult(output, metric, value, float(threshold), check_value(metric, value, threshold)))
+    return results
+
+
+def evaluate_slices(candidates: dict[str, np.ndarray], references: dict[str, np.ndarray],
+                    slices: dict[str, dict[str, tuple[int, int]]], thresholds: dict[str, float]) -> list[GateResult]:
+    """The array thresholds on named channel ranges of the last axis, one result per (output, slice, metric):
+    an output that packs several quantities (a Gaussian decoder's positions, colours, scales...) is gated on
+    each, so a wrong small slice cannot hide in the whole output's cosine. `slices`: output -> {name: (start,
+    stop)}; a candidate with the wrong shape fails every slice (NaN)."""
+    results = []
+    for output, named in slices.items():
+        reference, candidate = np.asarray(references[output]), candidates.get(output)
+        if candidate is not None and np.shape(candidate) != reference.shape:
+            candidate = None
+        for name, (start, stop) in named.items():
+            ref = reference[..., start:stop]
+            cand = None if candidate is None else np.asarray(candidate)[..., start:stop]
+            for metric, threshold in thresholds.items():
+                if METRICS[metric].compares != "arrays":
+                    continue
+                value = measure(metric, cand, ref)
+                results.append(GateResult(f"{output}[{name}]", metric, value, float(threshold),
+                                          check_value(metric, value, threshold)))
     return results
 
 

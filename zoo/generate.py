@@ -143,13 +143,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="with --bundles: the file to write (e.g. clip.gif)")
     parser.add_argument("--target", choices=["coreai", "litert"], help="with --bundles: which target's bundles")
     parser.add_argument("--seed", type=int, help="with --bundles: sampler seed (default: the bundle's)")
-    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--prompt", help="the text to continue (--bundle), or a text-conditioned pipeline's prompt")
+    parser.add_argument("--image", type=Path, help="with --bundles: an image-conditioned pipeline's input image")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--tokenizer", help="tokenizer folder (default: the one shipped in the bundle)")
     parser.add_argument("--runtime", help="run another file of the bundle on another runtime its model declares "
                                           "(e.g. litert-lm: an LLM bundle's model.litertlm)")
     args = parser.parse_args(argv)
-    require_prompt(args.prompt)
     if (args.bundle is None) == (args.bundles is None):
         raise ZooError("Pass exactly one of --bundle (a generative bundle) and --bundles (a model's converted folder).",
                        "e.g. --bundle exports/gqa-llm/coreai-fp32, or --bundles exports/ltx-video --out clip.gif.")
@@ -158,8 +158,12 @@ def main(argv: list[str]) -> int:
 
         if args.out is None:
             raise ZooError("--bundles needs --out: where to write what the pipeline makes.", "add e.g. --out clip.gif.")
-        generate_pipeline.run(args.bundles, args.prompt, args.out, args.model, args.target, args.seed)
+        generate_pipeline.run(args.bundles, args.prompt, args.out, args.model, args.target, args.seed, image=args.image)
         return 0
+    if args.image is not None:
+        raise ZooError("--image goes with --bundles (an image-conditioned pipeline); a --bundle LLM takes --prompt.",
+                       "drop --image, or pass --bundles DIR.")
+    require_prompt(args.prompt or "")
     if args.max_new_tokens < 1:
         raise ZooError(f"--max-new-tokens {args.max_new_tokens} asks for no text.", "pass a positive count, e.g. --max-new-tokens 32.")
     print(args.prompt, end="", flush=True)

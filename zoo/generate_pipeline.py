@@ -64,8 +64,22 @@ def pick_bundles(found: list[tuple[Path, dict]], model: str | None, target: str 
     return model, target, chosen
 
 
-def run(folder: Path, prompt: str, out: Path, model: str | None = None, target: str | None = None,
-        seed: int | None = None, stream=sys.stdout) -> str:
+def check_request(model: str, takes: tuple[str, ...], prompt: str | None, image: Path | None) -> None:
+    """Refuse an input the model's pipeline does not take; ask for one it needs."""
+    given = {"prompt": bool(prompt and prompt.strip()), "image": image is not None}
+    for name, present in given.items():
+        if present and name not in takes:
+            needs = " and ".join(f"--{n}" for n in takes) or "no input (its conditioning is seeded: see its README)"
+            raise ZooError(f"The {model} pipeline takes no --{name}; it takes {needs}.", f"drop --{name}.")
+        if not present and name in takes:
+            raise ZooError(f"The {model} pipeline needs --{name}.", f"pass --{name} " +
+                           ('"some text"' if name == "prompt" else "PATH") + ".")
+    if image is not None and not Path(image).is_file():
+        raise ZooError(f"--image {image} is not a file.", "pass the path of an image file.")
+
+
+def run(folder: Path, prompt: str | None, out: Path, model: str | None = None, target: str | None = None,
+        seed: int | None = None, stream=sys.stdout, image: Path | None = None) -> str:
     from zoo.generate import open_session
     from zoo.registry import get_spec, load_model_config
 
@@ -73,12 +87,15 @@ def run(folder: Path, prompt: str, out: Path, model: str | None = None, target: 
     spec = get_spec(load_model_config(model))
     if spec.run_pipeline is None:
         raise ZooError(f"Model '{model}' has no multi-bundle pipeline.", "use --bundle PATH for a single generative bundle.")
+    check_request(model, tuple(spec.pipeline_inputs), prompt, image)
     for name, bundle in bundles.items():
         integrity.verify_bundle(bundle)  # every file against its sha256, before a runtime parses any of it
         stream.write(f"using {name}: {bundle}\n")
     with contextlib.ExitStack() as stack:
         sessions = {name: stack.enter_context(open_session(bundle, integrity.read_manifest(bundle)))
                     for name, bundle in bundles.items()}
-        summary = spec.run_pipeline(sessions, bundles, prompt, Path(out), seed)
+        extra = {"image": Path(image)} if "image" in spec.pipeline_inputs else {}
+        summary = spec.run_pipeline(sessions, bundles, prompt if "prompt" in spec.pipeline_inputs else None, Path(out),
+                                    seed, **extra)
     stream.write(summary + "\n")
     return summary

@@ -130,6 +130,10 @@ class ModelSpec:
     # from the host: run_pipeline(sessions, facts, prompt, out, seed) -> a one-paragraph summary
     # (`zoo generate MODEL --bundles DIR`); sessions/facts are by component name (zoo/generate.py).
     run_pipeline: Callable | None = None
+    # What its run_pipeline takes from the command line: "prompt" (text) and/or "image" (a file path). zoo generate
+    # refuses what a pipeline does not take and asks for what it needs before any bundle is opened; run_pipeline
+    # gets prompt=None when it takes none (TripoSplat until its image encoders are components).
+    pipeline_inputs: tuple[str, ...] = ("prompt",)
 
     def component(self, name: str) -> Component:
         for component in self.components:

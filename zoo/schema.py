@@ -99,6 +99,10 @@ class ModelConfig:
     int8_group_size: int = 32
     peak_rss_mb: Optional[int] = None          # expected peak RSS of one bundle (for launchers that pack by memory)
     variants: dict[str, Any] = field(default_factory=dict)
+    # A checkpoint that ships as named weight files without config.json (part -> path inside the folder, e.g.
+    # TripoSplat's diffusion_models/triposplat_fp16.safetensors): weights=local:FOLDER / hub load those files,
+    # keys prefixed `part.`, and the architecture comes from the variant (zoo/weights.py load_named_files).
+    checkpoint_files: dict[str, str] = field(default_factory=dict)
     default_precision: dict[str, str] = MISSING
     # component -> {target: precision}: a component whose default differs from the model's (LTX-Video's T5)
     component_precision: dict[str, Any] = field(default_factory=dict)

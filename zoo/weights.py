@@ -138,6 +138,32 @@ def load_pipeline_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], d
     return config, state_dict, hashes
 
 
+def load_named_files(folder: Path, files: dict) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
+    """A checkpoint shipped as named weight files with no config.json (TripoSplat: `diffusion_models/...`,
+    `vae/...`): {part: path inside the folder} -> (empty config: the architecture comes from the model's variant,
+    state-dict keys prefixed `part.`, {path: sha256})."""
+    folder = Path(folder)
+    state_dict, hashes = {}, {}
+    for part, relative in files.items():
+        path = folder / str(relative)
+        if not path.is_file():
+            raise ZooError(f"{folder} has no {relative} (the '{part}' weights).",
+                           f"lay the checkpoint out as upstream ships it: {', '.join(str(v) for v in files.values())} "
+                           "inside the folder.")
+        _, part_state, part_hashes = load_weight_file(path)
+        state_dict.update({f"{part}.{k}": v for k, v in part_state.items()})
+        hashes[str(relative)] = part_hashes[path.name]
+    return {}, state_dict, hashes
+
+
+def _named_files(model_cfg, folder: Path) -> dict | None:
+    """The model's `checkpoint_files` when `folder` is such a checkpoint (no config.json, no model_index.json)."""
+    files = dict(model_cfg.get("checkpoint_files") or {})
+    if files and not (folder / "config.json").is_file() and not (folder / PIPELINE_INDEX).is_file():
+        return files
+    return None
+
+
 def load_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
     """config.json + every weight file of a checkpoint folder; corrupt files are named, not crashed on.
     A diffusers pipeline folder (model_index.json + one folder per part) loads every part."""
@@ -266,7 +292,9 @@ def resolve(model_cfg, spec: str, tiny_dir: Path, random_checkpoint, embedded=No
     if source == "url":
         return _from_url(model_cfg)
     if source == "local":
-        config, state_dict, hashes = load_folder(Path(path).expanduser())
+        folder = Path(path).expanduser()
+        files = _named_files(model_cfg, folder)
+        config, state_dict, hashes = load_named_files(folder, files) if files else load_folder(folder)
         return Checkpoint("local", config, state_dict, {"source": "local", "path": str(Path(path).resolve()), "files": hashes})
     if source == "random":
         config, state_dict = random_checkpoint(model_cfg)
@@ -293,11 +321,15 @@ def _from_hub(model_cfg) -> Checkpoint:
     if not custom and not _weight_files(folder):  # older repos ship only pytorch_model.bin
         patterns = hub.LEGACY_WEIGHT_PATTERNS
         folder = hub.download(repo_id, revision, patterns)
+    def load(folder):
+        files = _named_files(model_cfg, folder)
+        return load_named_files(folder, files) if files else load_folder(folder)
+
     try:
-        config, state_dict, hashes = load_folder(folder)
+        config, state_dict, hashes = load(folder)
     except CorruptCheckpoint as exc:  # a cache without the Hub's metadata to check against: fetch it again
         folder = hub.refetch_corrupt_file(repo_id, revision, exc.path, patterns)  # offline: ZooError with the fix
-        config, state_dict, hashes = load_folder(folder)
+        config, state_dict, hashes = load(folder)
     return Checkpoint("hub", config, state_dict,
                       {"source": "hub", "repo_id": repo_id, "revision": revision, "path": str(folder), "files": hashes})
 

@@ -1,0 +1,306 @@
+"""TripoSplat (VAST-AI, one image -> 3D Gaussian splats): declarations only; the pipeline does the work.
+
+Components (in sampler order):
+- `dit`: the rectified-flow DiT (models/triposplat/dit.py), gated per sampler step with teacher forcing on
+  the eager host sampler's captured inputs (models/triposplat/sampler.py), plus a free-running final latent;
+- the octree and Gaussian decoders are appended to COMPONENTS by models/triposplat/decoders.py (see the marked
+  place below).
+
+Weights: one checkpoint holds every part, laid out as a pipeline folder (model_index.json, one folder per part
+with config.json + weights; keys prefixed `<part>.` once loaded): `dit/` (upstream LatentSeqMMFlowModel keys, as in
+triposplat_fp16.safetensors) and `decoder/` (upstream OctreeGaussianDecoder keys). `weights=tiny` is the
+upstream-made golden checkpoint in models/triposplat/tiny (scripts/make_triposplat_goldens.py).
+
+Conditioning: the DiT takes upstream's conditioning tensors (DINOv3 features `feature1`, FLUX.2 VAE latent
+`feature2`) as graph inputs. Until the image encoders are components, the gates and the tiny pipeline use
+seeded stand-ins of the right shapes and statistics (`seeded_conditioning`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch import nn
+
+from models.triposplat import decoding
+from models.triposplat import sampler as flow
+from models.triposplat.dit import INPUT_NAMES, OUTPUT_NAMES, SOBOL_SEED, DiTConfig, LatentSeqMMFlowModel
+from zoo import gates
+from zoo.errors import ZooError
+from zoo.registry import Component, ModelSpec
+from zoo.schema import ModelConfig
+from zoo.weights import Checkpoint, load_strict
+
+PACKAGE_DIR = Path(__file__).parent
+TINY_DIR = PACKAGE_DIR / "tiny"
+GOLDEN_DIR = PACKAGE_DIR / "golden"
+SAMPLER_FILE = "sampler.json"      # in the dit bundle: what the host-side sampler needs
+DINO_REGISTER_TOKENS = 5           # feature2 (VAE latent) is zero-padded by cls + 4 registers to feature1's length
+
+
+# ---------------------------------------------------------------- checkpoint parts
+
+
+def part(checkpoint: Checkpoint, name: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config, un-prefixed state dict) of one part of the checkpoint."""
+    prefix = name + "."
+    state = {k[len(prefix):]: v for k, v in checkpoint.state_dict.items() if k.startswith(prefix)}
+    if not state:
+        raise ZooError(f"The checkpoint has no '{name}' weights (keys '{prefix}*').",
+                       f"point WEIGHTS at a TripoSplat checkpoint folder with a {name}/ part (see models/triposplat/README.md).")
+    return dict(checkpoint.config.get(name) or {}), state
+
+
+def architecture(cfg, name: str) -> dict:
+    arch = cfg.variants[cfg.variant].architecture
+    return OmegaConf.to_container(arch[name], resolve=True)
+
+
+def dit_config(checkpoint: Checkpoint, cfg) -> DiTConfig:
+    """The checkpoint's own dit/config.json; upstream's real files carry none, so the variant's architecture."""
+    config = dict(checkpoint.config.get("dit") or {}) or architecture(cfg, "dit")
+    return DiTConfig.from_dict(config)
+
+
+# ---------------------------------------------------------------- conditioning stand-ins and the eager run
+
+
+def seeded_conditioning(dit_cfg: DiTConfig, tokens: int, seed: int) -> dict[str, torch.Tensor]:
+    """Stand-ins for the image encoders' outputs with upstream's shapes and statistics: feature1 is layer-normed
+    DINOv3 features (so unit-variance per token), feature2 the VAE latent behind DINO_REGISTER_TOKENS zero tokens."""
+    generator = torch.Generator().manual_seed(int(seed) + 1)   # not the sampler noise's stream
+    feature1 = torch.randn(1, tokens, dit_cfg.cond_channels, generator=generator)
+    feature1 = F.layer_norm(feature1, feature1.shape[-1:])
+    feature2 = torch.randn(1, tokens, dit_cfg.cond2_channels, generator=generator)
+    feature2[:, :min(DINO_REGISTER_TOKENS, tokens)] = 0
+    return {"feature1": feature1, "feature2": feature2}
+
+
+def sampler_request(cfg) -> dict:
+    s = cfg.sampler
+    return {"steps": int(s.steps), "shift": float(s.shift), "guidance_scale": float(s.guidance_scale),
+            "seed": int(cfg.seed), "cond_tokens": int(cfg.cond_tokens)}
+
+
+_RUNS: dict = {}
+
+
+def eager_run(checkpoint: Checkpoint, cfg) -> flow.Run:
+    """The host sampler over the eager DiT (upstream's numerics: tests hold it to upstream's goldens), every step
+    recorded; once per (weights, request)."""
+    key = (json.dumps(checkpoint.provenance, sort_keys=True, default=str), json.dumps(sampler_request(cfg), sort_keys=True))
+    if key not in _RUNS:
+        dit_cfg = dit_config(checkpoint, cfg)
+        module = dit_reference(checkpoint, cfg)
+        noise = flow.initial_noise(dit_cfg.q_token_length, dit_cfg.in_channels, dit_cfg.cam_channels, int(cfg.seed))
+        conditioning = seeded_conditioning(dit_cfg, int(cfg.cond_tokens), int(cfg.seed))
+        s = cfg.sampler
+        _RUNS.clear()
+        _RUNS[key] = flow.sample(flow.eager_dit(module), noise, conditioning, int(s.steps), float(s.shift),
+                                 float(s.guidance_scale), record=True)
+    return _RUNS[key]
+
+
+# ---------------------------------------------------------------- DiT
+
+
+def dit_build(checkpoint: Checkpoint, cfg) -> nn.Module:
+    _, state = part(checkpoint, "dit")
+    module = LatentSeqMMFlowModel(dit_config(checkpoint, cfg), int(cfg.attention_chunk), int(cfg.sobol_seed))
+    return load_strict(module, state).eval()
+
+
+def dit_reference(checkpoint: Checkpoint, cfg) -> nn.Module:
+    """The port in eager fp32 with upstream's Sobol seed and no query chunking. Its parity with upstream's own
+    LatentSeqMMFlowModel is proven on the golden fixtures (tests/test_triposplat.py); upstream cannot be imported
+    here (it needs torchvision)."""
+    _, state = part(checkpoint, "dit")
+    return load_strict(LatentSeqMMFlowModel(dit_config(checkpoint, cfg), 0, SOBOL_SEED), state).eval()
+
+
+def step_inputs(step: flow.StepRecord, conditioning: dict[str, torch.Tensor], branch: str) -> dict[str, torch.Tensor]:
+    if branch == "uncond":
+        conditioning = {k: torch.zeros_like(v) for k, v in conditioning.items()}
+    return flow.dit_inputs(step.latent, step.camera, step.timestep, conditioning)
+
+
+def dit_example_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tensor]:
+    """The first sampler step's conditional call, as the eager run made it."""
+    run = eager_run(checkpoint, cfg)
+    return step_inputs(run.steps[0], run.conditioning, "cond")
+
+
+def gate_steps(cfg, target: str, count: int) -> list[int]:
+    """Every step on LiteRT; the configured subset on Core AI (its CPU runtime is slow at real size)."""
+    subset = (cfg.per_step_gate.steps or {}).get(target)
+    if subset is None:
+        return list(range(count))
+    outside = [int(i) for i in subset if not -count <= int(i) < count]
+    if outside or not subset:
+        raise ZooError(f"per_step_gate.steps.{target} = {list(subset)}: the sampler runs {count} steps, so a step is "
+                       f"an index in [{-count}, {count - 1}] and at least one is needed.",
+                       f"fix model.per_step_gate.steps.{target} (null gates every step).")
+    return sorted({int(i) % count for i in subset})
+
+
+def dit_verify(ctx) -> tuple[list, dict]:
+    """Teacher forcing: each chosen step's recorded inputs (x_t, 1000·t, both CFG branches) fed to the saved DiT,
+    compared with what the eager DiT answered there; then a free-running sampler over the saved DiT, compared on
+    the final latent. Array metrics on the example (step 0, conditional) as for any component."""
+    run = eager_run(ctx.checkpoint, ctx.cfg)
+    steps = gate_steps(ctx.cfg, ctx.target, len(run.steps))
+    candidates = {name: [] for name in OUTPUT_NAMES}
+    references = {name: [] for name in OUTPUT_NAMES}
+    calls = []
+    with ctx.session as session:
+        for i in steps:
+            step = run.steps[i]
+            for branch, answer in (("cond", step.cond), ("uncond", step.uncond)):
+                if answer is None:
+                    continue
+                out = session.run({k: v.numpy() for k, v in step_inputs(step, run.conditioning, branch).items()})
+                for name, ref in zip(OUTPUT_NAMES, answer):
+                    candidates[name].append(np.asarray(out[name]))
+                    references[name].append(ref.numpy())
+                calls.append({"step": i, "branch": branch, "timestep": float(step.timestep[0])})
+        free = None
+        if ctx.target in (ctx.cfg.per_step_gate.free_run_targets or []):
+            s = ctx.cfg.sampler
+            free = flow.sample(flow.session_dit(session), run.noise, run.conditioning, int(s.steps), float(s.shift),
+                               float(s.guidance_scale))
+    array_thresholds = {m: t for m, t in ctx.thresholds.items() if gates.METRICS[m].compares == "arrays"}
+    results = gates.evaluate({name: candidates[name][0] for name in OUTPUT_NAMES},
+                             {name: references[name][0] for name in OUTPUT_NAMES}, array_thresholds)
+    for metric, threshold in ctx.thresholds.items():
+        if gates.METRICS[metric].compares != "sampler steps":
+            continue
+        for name in OUTPUT_NAMES:
+            if metric == "min_step_channel_cosine" and name != "latent_velocity":
+                continue   # the camera velocity is one token: a per-channel cosine of one number is only its sign
+            value = gates.measure(metric, candidates[name], references[name])
+            results.append(gates.GateResult(f"{name} ({len(calls)} calls, steps {steps[0]}..{steps[-1]})", metric,
+                                            value, float(threshold), gates.check_value(metric, value, threshold)))
+    details = {"outputs": [{"name": n, "shape": list(candidates[n][0].shape), "dtype": str(candidates[n][0].dtype)}
+                           for n in OUTPUT_NAMES],
+               "sampler_steps": {"calls": calls,
+                                 "cosine": [gates.cosine(c, r) for c, r in zip(candidates["latent_velocity"],
+                                                                              references["latent_velocity"])],
+                                 "min_channel_cosine": [gates.min_channel_cosine(c, r) for c, r in
+                                                        zip(candidates["latent_velocity"], references["latent_velocity"])],
+                                 "rel_max_abs": [gates.rel_max_abs(c, r) for c, r in
+                                                 zip(candidates["latent_velocity"], references["latent_velocity"])]}}
+    if free is not None:
+        for metric, threshold in ctx.thresholds.items():
+            if gates.METRICS[metric].compares != "sampler runs":
+                continue
+            value = gates.measure(metric, free.final["latent"].numpy(), run.final["latent"].numpy())
+            results.append(gates.GateResult(f"final latent (free-running, {len(run.steps)} steps)", metric, value,
+                                            float(threshold), gates.check_value(metric, value, threshold)))
+        details["free_run"] = {"cosine": gates.cosine(free.final["latent"].numpy(), run.final["latent"].numpy()),
+                               "rel_max_abs": gates.rel_max_abs(free.final["latent"].numpy(), run.final["latent"].numpy())}
+    else:
+        details["free_run"] = f"not run on {ctx.target} (per_step_gate.free_run_targets)"
+    return results, details
+
+
+def dit_extra_files(checkpoint: Checkpoint, cfg, bundle_dir: Path) -> None:
+    """What the host-side sampler needs besides the graph."""
+    dit_cfg = dit_config(checkpoint, cfg)
+    facts = {**sampler_request(cfg), "latent_tokens": dit_cfg.q_token_length, "latent_channels": dit_cfg.in_channels,
+             "camera_channels": dit_cfg.cam_channels, "cond_channels": dit_cfg.cond_channels,
+             "cond2_channels": dit_cfg.cond2_channels, "input_names": list(INPUT_NAMES),
+             "output_names": list(OUTPUT_NAMES)}
+    (bundle_dir / SAMPLER_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+
+
+def seeded_dit_state(dit_cfg: DiTConfig, seed: int) -> dict[str, torch.Tensor]:
+    """A LatentSeqMMFlowModel state dict with torch's default init, seeded (upstream-keyed, upstream order)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return {k: v.clone() for k, v in LatentSeqMMFlowModel(dit_cfg).state_dict().items()}
+
+
+# ---------------------------------------------------------------- weights
+
+
+# part name -> (cfg, seed) -> (config, un-prefixed state dict) for weights=random. The decoder module registers
+# its part here (RANDOM_PARTS["decoder"] = ...) when it appends its components.
+RANDOM_PARTS = {"dit": lambda cfg, seed: (architecture(cfg, "dit"),
+                                          seeded_dit_state(DiTConfig.from_dict(architecture(cfg, "dit")), seed))}
+RANDOM_PARTS["decoder"] = decoding.random_decoder_part
+
+
+def random_checkpoint(cfg) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Every part at the variant's architecture with seeded default-init weights (for benchmarks, not for use)."""
+    config, state = {}, {}
+    for name, make in RANDOM_PARTS.items():
+        part_config, part_state = make(cfg, int(cfg.seed))
+        config[name] = part_config
+        state.update({f"{name}.{k}": v for k, v in part_state.items()})
+    return config, state
+
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass
+class SamplerSection:
+    steps: int = 20              # upstream's default (TripoSplat.run)
+    guidance_scale: float = 3.0
+    shift: float = 3.0
+
+
+@dataclass
+class PerStepGateSection:
+    # target -> sampler steps to gate (null or absent: every step); negative indices count from the end
+    steps: dict = field(default_factory=dict)
+    free_run_targets: list = field(default_factory=lambda: ["litert", "coreai"])
+
+
+@dataclass
+class TripoSplatModelConfig(ModelConfig):
+    """config.yaml keys only TripoSplat has."""
+
+    sampler: SamplerSection = field(default_factory=SamplerSection)
+    cond_tokens: int = 21              # conditioning tokens (real: 4101 = cls + 4 registers + 64x64 patches)
+    attention_chunk: int = 0           # DiT query chunk (0: none); for GPU buffer limits and memory at real size
+    # upstream's Sobol seed; another value builds a DiT with wrong token positions (the per-step gate's negative
+    # control: `zoo convert model=triposplat component=dit target=litert model.sobol_seed=7` must fail)
+    sobol_seed: int = SOBOL_SEED
+    per_step_gate: PerStepGateSection = field(default_factory=PerStepGateSection)
+    # ---- decoder keys (models/triposplat/decoders.py) go below this line ----
+    decoders: decoding.DecoderSection = field(default_factory=decoding.DecoderSection)
+
+
+COMPONENTS = [
+    Component(name="dit", build=dit_build, reference=dit_reference, example_inputs=dit_example_inputs,
+              output_names=list(OUTPUT_NAMES), verify=dit_verify, extra_files=dit_extra_files),
+    # ---- decoder components are appended here (octree-decoder, gaussian-decoder) ----
+    *decoding.COMPONENTS,
+]
+
+def run_pipeline(*args, **kwargs) -> str:
+    """`zoo generate triposplat --bundles DIR --out splats.ply` (models/triposplat/bundles.py)."""
+    from models.triposplat.bundles import run_bundles
+
+    return run_bundles(*args, **kwargs)
+
+
+SPEC = ModelSpec(
+    name="triposplat",
+    summary="TripoSplat image-to-3D Gaussians: 370 M rectified-flow DiT (decoders: see README)",
+    components=COMPONENTS,
+    tiny_dir=TINY_DIR,
+    random_checkpoint=random_checkpoint,
+    config_schema=TripoSplatModelConfig,
+    pipeline_tag="image-to-3d",
+    license="mit",
+    run_pipeline=run_pipeline,
+    pipeline_inputs=(),   # no image yet: the image encoders are not components (bundles.py says so in its summary)
+)
