@@ -128,6 +128,25 @@ def test_rank4_decoder_matches_diffusers(style):
     assert (got - expected).abs().max() < 1e-5 * max(1.0, float(expected.abs().max()))
 
 
+def test_a_091_decoder_with_timestep_and_noise_inputs_converts_on_litert(tmp_path):
+    """The 0.9.1 decoder takes `latents, *rest` (timestep, noise planes): the LiteRT target must call it
+    positionally (it once passed keywords: "unexpected keyword argument 'timestep'", found at real size)."""
+    from models.ltx_video.vae import DecoderConfig, RankFourDecoder
+    from zoo.targets import Entry
+    from zoo.targets.litert import LiteRTRunner, LiteRTTarget
+
+    vae = tiny_vae(**STYLE_091)
+    port = RankFourDecoder(DecoderConfig.from_diffusers(dict(vae.config))).eval()
+    generator = torch.Generator().manual_seed(1)
+    inputs = {"latents": torch.randn(2, 8, 2, 2, generator=generator), "timestep": torch.tensor([0.05])}
+    inputs.update({n: torch.randn(s, generator=generator) for n, s in zip(port.input_names()[2:], port.noise_shapes(2, 2))})
+    path = LiteRTTarget().convert([Entry("main", port, inputs, ["video"])], None, tmp_path)
+    with LiteRTRunner(path) as runner, torch.no_grad():
+        got = runner.run("main", {k: v.numpy() for k, v in inputs.items()})["video"]
+        expected = port(*inputs.values()).numpy()
+    assert np.abs(got - expected).max() < 1e-4 * max(1.0, float(np.abs(expected).max()))
+
+
 def max_rank(module, inputs) -> int:
     """Highest rank of any activation (a value computed from a graph input) in the exported graph. Weights are
     left out: a conv3d weight keeps upstream's rank-5 shape for strict loading, and its per-frame slices are

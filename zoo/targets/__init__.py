@@ -6,6 +6,7 @@ artifact, optionally compresses it, saves it, and opens it again on its runtime 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +28,17 @@ class Entry:
     dynamic_shapes: dict | None = None  # torch.export dynamic dims by input name (Core AI)
 
 
+def binds_as_keywords(module: nn.Module, names: list[str]) -> bool:
+    """Whether module(**{name: ...}) binds: true for `forward(tokens, input_pos, **caches)`; false for
+    `forward(latents, *rest)` (the LTX 0.9.1 decoder's timestep and noise planes have no keyword), which is then
+    called positionally in the entry's input order, as Core AI's export calls every module."""
+    try:
+        inspect.signature(module.forward).bind(**dict.fromkeys(names))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 class NamedIO(nn.Module):
     """Call a positional module with keyword inputs and return a dict of named outputs.
 
@@ -39,9 +51,11 @@ class NamedIO(nn.Module):
         self.module = module
         self.input_names = list(input_names)
         self.output_names = list(output_names)
+        self._takes_keywords = binds_as_keywords(module, self.input_names)
 
     def forward(self, **inputs):
-        outputs = self.module(**{n: inputs[n] for n in self.input_names})
+        ordered = {n: inputs[n] for n in self.input_names}
+        outputs = (self.module(**ordered) if self._takes_keywords else self.module(*ordered.values()))
         if isinstance(outputs, dict):  # already named (e.g. an LLM returning logits + caches)
             return {n: outputs[n] for n in self.output_names}
         if not isinstance(outputs, (tuple, list)):
