@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import platform
 from pathlib import Path
@@ -60,8 +61,17 @@ def zoo_code_digest() -> str:
     return folder_digest(ZOO_PACKAGE, is_input=lambda rel: rel.suffix == ".py")
 
 
-def model_code_digest(model: str) -> str:
-    return folder_digest(model_config_files()[model].parent, is_input=_model_folder_input)
+def model_code_digest(model_cfg) -> str:
+    """The model's folder; for a user's module (`module=pkg.mod:factory`, no folder of ours) the file
+    that defines it."""
+    folder = model_config_files().get(str(model_cfg.name))
+    if folder is not None:
+        return folder_digest(folder.parent, is_input=_model_folder_input)
+    factory = str(model_cfg.get("factory") or "")
+    spec = importlib.util.find_spec(factory.split(":")[0]) if factory else None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return ""
+    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
 
 
 def weights_identity(provenance: dict) -> dict:
@@ -80,7 +90,7 @@ def key_parts(model_cfg, target: str, precision: str, weights_spec: str, provena
         "config": digest({"model": config, "target": target, "precision": precision, "weights": str(weights_spec),
                           "force_precision": bool(force_precision)}),
         "tools": {**get_target(target).versions(), "python": platform.python_version()},
-        "code": {"zoo": zoo_code_digest(), "model": model_code_digest(str(model_cfg.name))},
+        "code": {"zoo": zoo_code_digest(), "model": model_code_digest(model_cfg)},
     }
 
 

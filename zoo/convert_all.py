@@ -252,7 +252,6 @@ def launcher_overrides(launcher: str, cells: list[Cell], settings: DictConfig, r
                   "max_calls": 1}
         out = [f"+hydra.launcher.ray.remote.{k}={v}" for k, v in remote.items()]
         if settings.address:
-            check_ray_address(str(settings.address))
             # The launcher asks for a small object store by default, which Ray refuses when joining a cluster.
             out += [f"hydra.launcher.ray.init.address={settings.address}",
                     "+hydra.launcher.ray.init.object_store_memory=null"]
@@ -305,6 +304,15 @@ def check_ray_address(address: str) -> None:
 # ---------------------------------------------------------------- one job (runs wherever the launcher puts it)
 
 
+def ray_node_id() -> str:
+    """The Ray node running this job (where the bundles of a run were built), empty outside Ray."""
+    if "ray" not in sys.modules:
+        return ""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
 def result_path(run_dir: Path, cell_name: str) -> Path:
     return Path(run_dir) / "results" / (cell_name.replace("/", "__") + ".json")
 
@@ -319,7 +327,8 @@ def convert_cell(cfg: DictConfig) -> int:
 
     model, target, precision = str(cfg.bundle).split("/")
     console = Console()
-    record = {"cell": str(cfg.bundle), "host": socket.gethostname(), "pid": os.getpid(), "bundles": [], "error": ""}
+    record = {"cell": str(cfg.bundle), "host": socket.gethostname(), "pid": os.getpid(), "ray_node": ray_node_id(),
+              "bundles": [], "error": ""}
     try:
         with translated_errors():
             composed = model_cfg_for(Cell(model, target, precision), list(cfg.convert_overrides))
@@ -436,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         register_model_configs()
         request = parse_request(argv)
         settings = compose_settings(request)
+        if request.launcher == "ray" and settings.address:
+            check_ray_address(str(settings.address))  # before any work
         out_dir = Path(str(settings.out_dir)).resolve()
         cells = expand_matrix(request)
         plan(cells, request, out_dir)
