@@ -337,7 +337,8 @@ def convert_cell(cfg: DictConfig) -> int:
                                     console=console, weights_spec=composed.weights)
         console.summary(results)
         record["bundles"] = [{"component": r.component, "status": str(r.status), "status_text": r.status_text,
-                              "path": str(r.path or ""), "error": r.error} for r in results]
+                              "path": str(r.path or ""), "error": r.error,
+                              "failed_gates": [g.describe() for g in r.gates if not g.passed]} for r in results]
         code = 0 if all(r.ok for r in results) else (2 if any(r.error for r in results) else 1)
     except ZooError as exc:
         console.error(exc)
@@ -397,7 +398,8 @@ def collect(cells: list[Cell], run_dir: Path) -> None:
         if record.get("error") or failed or not record["bundles"]:
             cell.outcome = "failed"
             cell.reason = record.get("error") or "; ".join(
-                f"{b['component']}: {b['status_text']}" + (f" — {b['error']}" if b["error"] else "") for b in failed)
+                f"{b['component']}: {b['status_text']}" + (f" — {b['error']}" if b["error"] else "")
+                + (f" — {', '.join(b.get('failed_gates') or [])}" if b.get("failed_gates") else "") for b in failed)
             cell.exit_code = record.get("exit_code", 2)
         else:
             cell.outcome = "built"
