@@ -47,8 +47,9 @@ test: setup
 	$(PY) -m pytest -m "not slow and not scaleout" -q
 
 ## the tiny matrix on a local Ray cluster (head + one worker node) and on submitit's local executor, vs serial
+## (--basetemp: its bundles, logs and Ray state stay inside the project, and other pytest runs never rotate them away)
 test-scaleout: setup
-	$(PY) -m pytest -m scaleout -q
+	$(PY) -m pytest -m scaleout -q --basetemp=.cache/pytest-scaleout
 
 test-slow: setup
 	$(PY) -m pytest -m slow -q

@@ -75,7 +75,7 @@ def test_model_code_digest_ignores_bench_outputs(tmp_path):
 # ---------------------------------------------------------------- end to end (one process per run)
 
 
-def test_convert_all_skips_unchanged_rebuilds_the_changed_model_and_reports_failures(tmp_path):
+def test_convert_all_skips_unchanged_rebuilds_the_changed_model_and_reports_failures(tmp_path, monkeypatch):
     models = tmp_path / "models"
     for name in ("two_stage", "wide_norm"):
         shutil.copytree(EXTRA_MODELS / name, models / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -98,6 +98,17 @@ def test_convert_all_skips_unchanged_rebuilds_the_changed_model_and_reports_fail
     assert {"status": "refused", "reason": "test model"}.items() <= next(
         r for r in catalog if (r["model"], r["target"], r["precision"]) == ("wide-norm", "litert", "int8")).items()
     assert sorted(r["content_key"] for r in catalog if r["content_key"]) == sorted(keys.values())
+    from zoo.bundle_catalog import main as zoo_catalog   # `zoo catalog` writes the same from the same disk
+    from zoo.registry import model_config_files
+
+    monkeypatch.setenv("ZOO_MODEL_PATH", str(models))
+    model_config_files.cache_clear()
+    try:
+        assert zoo_catalog(["--exports", str(out), "--out", str(tmp_path / "docs2")]) == 0
+    finally:
+        monkeypatch.delenv("ZOO_MODEL_PATH")
+        model_config_files.cache_clear()
+    assert json.loads((tmp_path / "docs2" / "catalog.json").read_text())["bundles"] == catalog
 
     # Nothing changed: nothing converts, exit 0, in seconds.
     started = time.monotonic()

@@ -32,7 +32,7 @@ COMMANDS = {
 
 def usage() -> str:
     lines = ["usage: zoo <command> [args]", "", "commands:"]
-    lines += [f"  {name:<9} {about}" for name, (_, about) in COMMANDS.items()]
+    lines += [f"  {name:<11} {about}" for name, (_, about) in COMMANDS.items()]
     return "\n".join(lines)
 
 
