@@ -26,13 +26,13 @@ convert: setup
 	$(PY) -m zoo.convert model=$(MODEL) target=$(TARGET) precision=$(PRECISION) out_dir='$(OUT)' $(if $(WEIGHTS),weights='$(WEIGHTS)')
 
 ## the whole zoo (or MODELS=a,b TARGETS=... PRECISIONS=...) as one Hydra multirun; unchanged bundles are skipped
-## (FORCE=1 rebuilds them); LAUNCHER=joblib|ray|submitit_local|submitit_slurm; ARGS= passes more (address=HOST:PORT)
+## (FORCE=1 rebuilds them); LAUNCHER=joblib|ray|submitit_local|submitit_slurm; WEIGHTS= as for convert; ARGS= passes more (address=HOST:PORT)
 MODELS    ?= all
 TARGETS   ?= all
 PRECISIONS ?= all
 LAUNCHER  ?= joblib
 convert-all: setup
-	$(PY) -m zoo.convert_all model=$(MODELS) target=$(TARGETS) precision=$(PRECISIONS) hydra/launcher=$(LAUNCHER) out_dir='$(OUT)' $(if $(FORCE),--force) $(ARGS)
+	$(PY) -m zoo.convert_all model=$(MODELS) target=$(TARGETS) precision=$(PRECISIONS) hydra/launcher=$(LAUNCHER) out_dir='$(OUT)' $(if $(WEIGHTS),weights='$(WEIGHTS)') $(if $(FORCE),--force) $(ARGS)
 
 ## docs/catalog.md + docs/catalog.json from every bundle in $(OUT)
 catalog: setup

@@ -161,3 +161,35 @@ def test_bad_input_is_refused_before_any_work(args, says, tmp_path, capsys):
     assert exit_.value.code == 2 and says in output.out and "Fix:" in output.out
     assert "Traceback" not in output.out + output.err
     assert not (tmp_path / "catalog.md").exists()   # refused before any work
+
+
+# ---------------------------------------------------------------- resource declarations
+
+
+def test_each_launcher_gets_the_largest_bundles_declared_memory_and_cpus(tmp_path):
+    import psutil
+    from omegaconf import OmegaConf
+
+    from zoo.convert_all import Cell, declare_memory, launcher_overrides
+
+    settings = OmegaConf.load(ROOT / "configs" / "convert_all.yaml")
+    cells = [Cell("t5", "coreai", "fp32"), Cell("gqa-llm", "litert", "fp32")]
+    declare_memory(cells, settings)   # from models/<m>/bench.json peak_rss_mb × memory_margin
+    bench = json.loads((ROOT / "models" / "gqa_llm" / "bench.json").read_text())["rows"]
+    llm_peak = max(r["peak_rss_mb"] for r in bench if (r["target"], r["precision"]) == ("litert", "fp32"))
+    assert cells[1].expected_gb == pytest.approx(llm_peak / 1024 * settings.memory_margin)
+    largest = max(c.expected_gb for c in cells)
+
+    fits = int(psutil.virtual_memory().available / (largest * 2**30))
+    [n_jobs] = launcher_overrides("joblib", cells, settings, tmp_path)
+    assert n_jobs == f"hydra.launcher.n_jobs={max(1, min(os.cpu_count(), fits))}"
+    ray = launcher_overrides("ray", cells, OmegaConf.merge(settings, {"address": None}), tmp_path)
+    assert f"+hydra.launcher.ray.remote.memory={int(largest * 2**30)}" in ray
+    assert "+hydra.launcher.ray.remote.num_cpus=1" in ray and "+hydra.launcher.ray.remote.max_calls=1" in ray
+    slurm = launcher_overrides("submitit_slurm", cells, OmegaConf.merge(settings, {"cpus_per_bundle": 4}), tmp_path)
+    assert f"hydra.launcher.mem_gb={int(-(-largest // 1))}" in slurm and "hydra.launcher.cpus_per_task=4" in slurm
+
+    # Negative control: bundles bigger than this machine's free RAM run one at a time, never side by side.
+    huge = OmegaConf.merge(settings, {"bundle_memory_gb": psutil.virtual_memory().total / 2**30})
+    declare_memory(cells, huge)
+    assert launcher_overrides("joblib", cells, huge, tmp_path) == ["hydra.launcher.n_jobs=1"]

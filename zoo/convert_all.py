@@ -228,15 +228,6 @@ def declare_memory(cells: list[Cell], settings: DictConfig) -> None:
                             else float(settings.default_bundle_gb))
 
 
-def local_parallel_bundles(expected_gb: float, cpus_per_bundle: int) -> int:
-    """How many bundles of `expected_gb` each fit at once on this machine: by cores and by available RAM."""
-    import psutil
-
-    by_cores = (os.cpu_count() or 1) // max(1, cpus_per_bundle)
-    by_memory = int(psutil.virtual_memory().available / (expected_gb * 2**30))
-    return max(1, min(by_cores, by_memory))
-
-
 def launcher_overrides(launcher: str, cells: list[Cell], settings: DictConfig, run_dir: Path) -> list[str]:
     """The one resource declaration (the largest bundle's memory, cpus_per_bundle) in each engine's terms."""
     import psutil
@@ -244,7 +235,9 @@ def launcher_overrides(launcher: str, cells: list[Cell], settings: DictConfig, r
     gb = max(c.expected_gb for c in cells)
     cpus = int(settings.cpus_per_bundle)
     if launcher == "joblib":
-        return [f"hydra.launcher.n_jobs={local_parallel_bundles(gb, cpus)}"]
+        from zoo.convert import parallel_bundles
+
+        return [f"hydra.launcher.n_jobs={parallel_bundles(gb, cpus)}"]
     if launcher == "ray":
         remote = {"memory": int(gb * 2**30), "num_cpus": cpus,
                   # a fresh worker process per bundle: its peak RSS is its own, and the Core AI runtime's
