@@ -2,7 +2,8 @@
 
 Writes `docs/catalog.md` and `docs/catalog.json`: one row per model × component × target × precision —
 status (passed / GPU not checked / failed / refused) with a one-line reason, the worst value of every
-gate, size, the latency ratio of the model's last bench, the build date and the content key. Nothing
+gate, size, the latency ratio of the model's last bench, the weights' source (tiny / hub / ...), the build
+date and the content key. Nothing
 in it is typed by hand: `zoo convert-all` rewrites it after every run.
 
 (Not to be confused with `zoo list` (zoo/catalog.py: what the models declare) or zoo/catalog_entry.py
@@ -142,14 +143,15 @@ def catalog_markdown(rows: list[dict], exports: Path) -> str:
         "Status: passed / GPU not checked / failed / refused, with the reason in one line. Gates: the worst "
         "value of each metric. Latency: the model's last `make bench` (bench size), bundle vs eager torch.",
         "",
-        "| model | component | target | precision | status | reason | gates | size | latency vs eager | date | content key |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | component | target | precision | status | reason | gates | size | latency vs eager | weights | date | content key |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         size = f"{r['bytes'] / 2**20:.2f} MiB" if r["bytes"] else "–"
         latency = f"{r['latency_vs_eager']:g}×" if r["latency_vs_eager"] is not None else "–"
         cells = [r["model"], r["component"], r["target"], r["precision"], r["status"], r["reason"] or "",
-                 _gates_text(r["gates"]) or "–", size, latency, r["date"] or "–", r["content_key"][:12] or "–"]
+                 _gates_text(r["gates"]) or "–", size, latency, r["weights"] or "–", r["date"] or "–",
+                 r["content_key"][:12] or "–"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
