@@ -193,3 +193,14 @@ def test_each_launcher_gets_the_largest_bundles_declared_memory_and_cpus(tmp_pat
     huge = OmegaConf.merge(settings, {"bundle_memory_gb": psutil.virtual_memory().total / 2**30})
     declare_memory(cells, huge)
     assert launcher_overrides("joblib", cells, huge, tmp_path) == ["hydra.launcher.n_jobs=1"]
+
+
+def test_a_launcher_that_stops_reports_its_jobs_lost_and_exits_2(tmp_path):
+    """The engine refusing to run (here Hydra rejects a joblib setting) is not a crash of convert-all: every
+    job without a result is listed as lost with where to look, the catalog is still written, exit 2."""
+    proc = convert_all("model=t5", "target=litert", "precision=fp32", "weights=tiny", "hydra.launcher.n_jobs=abc",
+                       f"out_dir={tmp_path / 'exports'}", f"catalog_dir={tmp_path / 'docs'}")
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 lost" in proc.stdout and "✗ t5/litert/fp32: the launcher stopped before this job left a result" in proc.stdout
+    assert list((tmp_path / "exports" / ".convert-all").glob("*/launcher-error.txt"))
+    assert (tmp_path / "docs" / "catalog.md").is_file()

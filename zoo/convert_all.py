@@ -374,6 +374,13 @@ def run_multirun(cells: list[Cell], request: Request, settings: DictConfig, out_
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     try:
         _hydra_main()
+    except (Exception, SystemExit) as exc:
+        # The engine itself stopped (Hydra rejected a launcher setting, a Ray worker died, the cluster went
+        # away): its own message is above. The jobs that left no result are reported as lost, the others
+        # keep theirs, and the summary and catalog still come.
+        (run_dir / "launcher-error.txt").write_text(traceback.format_exc())
+        print(f"convert-all: the launcher stopped ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+              f"details in {run_dir / 'launcher-error.txt'}", file=sys.stderr)
     finally:
         sys.argv = saved
 
@@ -384,7 +391,9 @@ def collect(cells: list[Cell], run_dir: Path) -> None:
         path = result_path(run_dir, cell.name)
         if not path.is_file():
             cell.outcome, cell.exit_code = "lost", 2
-            cell.reason = f"the job left no result (killed? out of memory?); its log is under {run_dir}"
+            stopped = run_dir / "launcher-error.txt"
+            cell.reason = (f"the launcher stopped before this job left a result: {stopped}" if stopped.is_file()
+                           else f"the job left no result (killed? out of memory?); its log is under {run_dir}")
             continue
         record = json.loads(path.read_text())
         failed = [b for b in record["bundles"] if b["status"] != "passed"]
