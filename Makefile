@@ -7,7 +7,7 @@ WEIGHTS   ?=
 OUT       ?= exports
 STAMP     := .venv/.zoo-installed
 
-.PHONY: setup convert demo test test-slow bench list gpu-table clean
+.PHONY: setup convert convert-all catalog demo test test-slow test-scaleout bench list gpu-table clean
 
 VULKAN    := .cache/vulkan/lvp_icd.json
 
@@ -25,13 +25,31 @@ $(VULKAN): scripts/setup_vulkan.sh | $(STAMP)
 convert: setup
 	$(PY) -m zoo.convert model=$(MODEL) target=$(TARGET) precision=$(PRECISION) out_dir='$(OUT)' $(if $(WEIGHTS),weights='$(WEIGHTS)')
 
+## the whole zoo (or MODELS=a,b TARGETS=... PRECISIONS=...) as one Hydra multirun; unchanged bundles are skipped
+## (FORCE=1 rebuilds them); LAUNCHER=joblib|ray|submitit_local|submitit_slurm; WEIGHTS= as for convert; ARGS= passes more (address=HOST:PORT)
+MODELS    ?= all
+TARGETS   ?= all
+PRECISIONS ?= all
+LAUNCHER  ?= joblib
+convert-all: setup
+	$(PY) -m zoo.convert_all model=$(MODELS) target=$(TARGETS) precision=$(PRECISIONS) hydra/launcher=$(LAUNCHER) out_dir='$(OUT)' $(if $(WEIGHTS),weights='$(WEIGHTS)') $(if $(FORCE),--force) $(ARGS)
+
+## docs/catalog.md + docs/catalog.json from every bundle in $(OUT)
+catalog: setup
+	$(PY) -m zoo.bundle_catalog --exports '$(OUT)'
+
 ## every model through both targets on its embedded default weights, ending in a gate table
 demo: setup
 	$(PY) -m zoo.demo out_dir='$(OUT)'
 
 ## the default (fast) suite; slow/real-size tests are marked and run by `make test-slow`
 test: setup
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow and not scaleout" -q
+
+## the tiny matrix on a local Ray cluster (head + one worker node) and on submitit's local executor, vs serial
+## (--basetemp: its bundles, logs and Ray state stay inside the project, and other pytest runs never rotate them away)
+test-scaleout: setup
+	$(PY) -m pytest -m scaleout -q --basetemp=.cache/pytest-scaleout
 
 test-slow: setup
 	$(PY) -m pytest -m slow -q

@@ -3,6 +3,8 @@
     zoo convert model=t5 target=litert precision=int8     # Hydra overrides pass straight through
     zoo convert -m model=t5 target=coreai,litert hydra/launcher=zoo_joblib
     zoo convert module=mypkg.models:build fix=true       # any nn.Module, gated against itself
+    zoo convert-all [model=t5,gqa-llm] [--force] [hydra/launcher=joblib|ray|submitit_local|submitit_slurm]
+    zoo catalog                                          # docs/catalog.md from every bundle in exports/
     zoo list | zoo bench model=t5 | zoo generate --bundle B --prompt P | zoo demo
     zoo publish t5 --dry-run | zoo cache check [MODEL] | zoo cache repair [MODEL]
     zoo doctor t5 | zoo doctor mypkg.models:build --target litert-gpu | zoo doctor model.tflite
@@ -15,6 +17,8 @@ import sys
 
 COMMANDS = {
     "convert": ("zoo.convert", "one model through the requested targets and precisions (make convert)"),
+    "convert-all": ("zoo.convert_all", "the whole matrix as one Hydra multirun, skipping what is up to date (make convert-all)"),
+    "catalog": ("zoo.bundle_catalog", "docs/catalog.md + catalog.json from every bundle on disk (make catalog)"),
     "list": ("zoo.catalog", "models, components, targets and default precisions (make list)"),
     "bench": ("zoo.bench", "conversion cost, size, gates and latency per bundle (make bench)"),
     "generate": ("zoo.generate", "stream text from a generative bundle, or run a model's bundles (--bundles DIR)"),
@@ -28,7 +32,7 @@ COMMANDS = {
 
 def usage() -> str:
     lines = ["usage: zoo <command> [args]", "", "commands:"]
-    lines += [f"  {name:<9} {about}" for name, (_, about) in COMMANDS.items()]
+    lines += [f"  {name:<11} {about}" for name, (_, about) in COMMANDS.items()]
     return "\n".join(lines)
 
 

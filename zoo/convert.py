@@ -74,13 +74,14 @@ def model_config(cfg: DictConfig):
 STATUS_DIR_ENV = "ZOO_MULTIRUN_STATUS_DIR"  # where multirun jobs leave their exit codes for the parent
 
 
-def parallel_bundles(gb_per_bundle: str | None = None) -> int:
-    """How many bundles fit at once here: min(cores, available RAM / RAM per bundle), at least 1."""
+def parallel_bundles(gb_per_bundle: str | float | None = None, cpus_per_bundle: int = 1) -> int:
+    """How many bundles fit at once here: min(cores / cores per bundle, available RAM / RAM per bundle),
+    at least 1 (also convert-all's joblib n_jobs, zoo/convert_all.py)."""
     import psutil
 
     gb = float(gb_per_bundle or os.environ.get("ZOO_BUNDLE_GB", 4))
     by_memory = int(psutil.virtual_memory().available / (gb * 2**30))
-    return max(1, min(os.cpu_count() or 1, by_memory))
+    return max(1, min((os.cpu_count() or 1) // max(1, cpus_per_bundle), by_memory))
 
 
 OmegaConf.register_new_resolver("zoo_parallel_bundles", parallel_bundles, replace=True)

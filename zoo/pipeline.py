@@ -22,6 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from zoo import gates, weights
+from zoo.content_key import bundle_key, key_parts
 from zoo.bundle import (MANIFEST, REPORT, BundleWriter, ensure_free_space, ensure_writable, expected_bundle_bytes,
                         file_hashes, folder_bytes, is_disk_full, safe_out_dir, temp_prefix, write_json)
 from zoo.errors import ZooError
@@ -151,14 +152,16 @@ def convert_model(cfg, targets: list[str], precision: str = "default", force_pre
             with BundleWriter(final, no_wait=no_wait) as writer:  # lock, recovery, cleanup on any exit
                 results.append(
                     convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_outputs, port_parity,
-                                   target, precisions[target], writer, shared, console)
+                                   target, precisions[target], writer, shared, console,
+                                   key_parts(cfg, target, precisions[target].name, weights_spec or cfg.weights,
+                                             checkpoint.provenance, force_precision))
                 )
     return results
 
 
 def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_outputs, port_parity,
                    target_name: str, precision: Precision, writer: BundleWriter, shared: StageLog,
-                   console) -> BundleResult:
+                   console, content_key_parts: dict | None = None) -> BundleResult:
     target = get_target(target_name)
     log = StageLog(**(console.stage_log_hooks() if console else {}))
     report = {
@@ -168,6 +171,8 @@ def convert_bundle(spec, component, cfg, checkpoint, module, inputs, reference_o
         "created_unix": int(time.time()), "status": "running",
         "recovered": writer.recovered,  # what this run put right after an earlier killed run
     }
+    if content_key_parts is not None:  # what convert-all compares to skip an unchanged bundle (zoo/content_key.py)
+        report["content_key"] = {"sha256": bundle_key(content_key_parts, component.name), "parts": content_key_parts}
     result = BundleResult(spec.name, component.name, target_name, precision.name, BundleStatus.ERROR, None)
     try:
         with tempfile.TemporaryDirectory(prefix=temp_prefix("scratch")) as scratch:
@@ -321,6 +326,7 @@ def _manifest(report: dict, checkpoint: weights.Checkpoint, target, inputs, stag
         "tools": {**target.versions(), "python": platform.python_version()},
         "io": {"inputs": report.get("inputs", io_contract(to_numpy(inputs))), "outputs": report.get("outputs", [])},
         "gates": report["gates"],
+        **({"content_key": report["content_key"]} if "content_key" in report else {}),
         "files": file_hashes(staging),
     }
 
