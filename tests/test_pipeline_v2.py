@@ -107,7 +107,7 @@ def test_a_bug_in_a_stage_keeps_its_traceback(tmp_path, monkeypatch, compose):
     from zoo.pipeline import convert_model
     from zoo.targets.litert import LiteRTTarget
 
-    def broken_convert(self, entries, exported, scratch):
+    def broken_convert(self, entries, exported, scratch, **_):
         raise IndexError("deliberate bug\nsecond line of the message")
 
     monkeypatch.setattr(LiteRTTarget, "convert", broken_convert)

@@ -31,7 +31,7 @@ from zoo.registry import ROOT, model_config_files
 
 ZOO_PACKAGE = ROOT / "zoo"
 # Written into a model folder by `zoo bench` and the docs, never read by a conversion.
-MODEL_FOLDER_OUTPUTS = {"README.md", "bench.json"}
+MODEL_FOLDER_OUTPUTS = {"README.md", "bench.json", "real_size.json", "real_size.partial.json"}
 OUTPUT_SUFFIXES = {".png", ".gif", ".jpg"}
 SKIPPED_FOLDERS = {"__pycache__"}
 
