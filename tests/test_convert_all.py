@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from background_convert import plan_outcomes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRA_MODELS = ROOT / "tests" / "extra_models"
@@ -26,16 +27,6 @@ def convert_all(*args: str, env: dict | None = None, timeout: int = 600) -> subp
     environment.pop("ZOO_REQUIRE_GPU_CHECK", None)  # these bundles run with model.gpu.check=false
     return subprocess.run([sys.executable, "-m", "zoo.convert_all", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env=environment)
-
-
-def outcomes(stdout: str) -> dict[str, str]:
-    """{cell: outcome} from the plan lines convert-all prints before it launches anything."""
-    found = {}
-    for line in stdout.splitlines():
-        name, sep, rest = line.strip().partition(": ")
-        if sep and name.count("/") == 2 and " " not in name:
-            found[name] = rest.split(" (")[0]
-    return found
 
 
 # ---------------------------------------------------------------- content key (in process)
@@ -86,7 +77,7 @@ def test_convert_all_skips_unchanged_rebuilds_the_changed_model_and_reports_fail
 
     first = convert_all(*args, env=env)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
-    assert outcomes(first.stdout) == {"two-stage/litert/fp32": "to build", "wide-norm/litert/fp32": "to build"}
+    assert plan_outcomes(first.stdout) == {"two-stage/litert/fp32": "to build", "wide-norm/litert/fp32": "to build"}
     bundles = [out / "two-stage" / "encoder" / "litert-fp32", out / "two-stage" / "head" / "litert-fp32",
                out / "wide-norm" / "litert-fp32"]
     keys = {b: json.loads((b / "manifest.json").read_text())["content_key"]["sha256"] for b in bundles}
@@ -114,7 +105,7 @@ def test_convert_all_skips_unchanged_rebuilds_the_changed_model_and_reports_fail
     started = time.monotonic()
     again = convert_all(*args, env=env)
     assert again.returncode == 0, again.stdout[-4000:]
-    assert set(outcomes(again.stdout).values()) == {"up to date"}
+    assert set(plan_outcomes(again.stdout).values()) == {"up to date"}
     assert "resolve_weights" not in again.stdout   # no job ran
     assert time.monotonic() - started < 30
 
@@ -124,7 +115,7 @@ def test_convert_all_skips_unchanged_rebuilds_the_changed_model_and_reports_fail
     config.write_text(config.read_text().replace("fp32: {cosine: 0.99999}", "fp32: {cosine: 1.1}"))
     changed = convert_all(*args, env=env)
     assert changed.returncode == 1, changed.stdout[-4000:]
-    assert outcomes(changed.stdout) == {"two-stage/litert/fp32": "up to date", "wide-norm/litert/fp32": "to build"}
+    assert plan_outcomes(changed.stdout) == {"two-stage/litert/fp32": "up to date", "wide-norm/litert/fp32": "to build"}
     assert "(changed: config, code)" in changed.stdout
     failed_report = out / "wide-norm" / "litert-fp32.failed" / "report.json"
     assert failed_report.is_file() and str(failed_report) in changed.stdout.replace("\n    ", "")

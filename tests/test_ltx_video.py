@@ -4,8 +4,6 @@ and its negative controls, and the CLI end to end (every component on both targe
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +11,7 @@ import pytest
 import torch
 
 from test_hub import loopback  # noqa: F401  (the loopback Hub fixture: tests/hub_server.py + the real client)
+import background_convert
 from zoo import gates
 from zoo.errors import ZooError
 
@@ -37,20 +36,8 @@ def ltx():
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """`zoo.convert model=ltx-video target=all` (tiny, default precisions) in a subprocess, started at once."""
-    out = tmp_path_factory.mktemp("ltx-exports")
-    proc = subprocess.Popen([sys.executable, "-m", "zoo.convert", "model=ltx-video", "target=all", f"out_dir={out}"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    yield proc, out / "ltx-video"
-    if proc.poll() is None:  # no test waited for it (deselected): do not leave it running
-        proc.kill()
-        proc.communicate()
-
-
-def finished(converted) -> Path:
-    proc, folder = converted
-    output, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, output[-4000:]
-    return folder
+    yield from background_convert.start(tmp_path_factory.mktemp("ltx-exports"), ["model=ltx-video", "target=all"],
+                                        "ltx-video")
 
 
 def test_conversion_started(converted):  # first in the module: conversion runs while the port tests do
@@ -264,7 +251,7 @@ def test_per_step_gate_fails_on_a_converted_dit_baked_for_the_wrong_frame_rate(l
 def test_every_component_converts_on_both_targets_and_passes_every_step(converted):
     from gpu_mode import gpu_ready, gpu_required
 
-    folder = finished(converted)
+    folder = background_convert.finished(converted)
     manifests = {p.parent.relative_to(folder).as_posix(): json.loads(p.read_text()) for p in folder.glob("*/*/manifest.json")}
     assert set(manifests) == {"text-encoder/coreai-bf16", "text-encoder/litert-fp32", "dit/coreai-fp32",
                               "dit/litert-fp32", "vae-decoder/coreai-fp32", "vae-decoder/litert-fp32"}
@@ -285,7 +272,7 @@ def test_every_component_converts_on_both_targets_and_passes_every_step(converte
 
 @pytest.mark.parametrize("target", ["coreai", "litert"])
 def test_generate_drives_the_three_bundles(converted, target, tmp_path, run_cli):
-    folder = finished(converted)
+    folder = background_convert.finished(converted)
     out = tmp_path / f"clip-{target}.gif"
     result = run_cli("zoo.generate", "ltx-video", "--bundles", str(folder), "--target", target,
                      "--prompt", "a blue fish swims in the river", "--out", str(out))
@@ -305,7 +292,7 @@ def refused(result, text: str) -> None:
 
 
 def test_generate_refuses_bad_bundle_requests(converted, tmp_path, run_cli):
-    folder = finished(converted)
+    folder = background_convert.finished(converted)
     prompt = ["--prompt", "a cat"]
     refused(run_cli("zoo.generate", "--bundles", str(tmp_path), *prompt, "--out", str(tmp_path / "a.gif")),
             "holds no bundles")

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from background_convert import plan_outcomes
 
 pytestmark = pytest.mark.scaleout
 
@@ -56,22 +57,13 @@ def convert_all(tmp: Path, *args: str, timeout: int = 900) -> subprocess.Complet
     return proc
 
 
-def plan_lines(stdout: str) -> dict[str, str]:
-    found = {}
-    for line in stdout.splitlines():
-        name, sep, rest = line.strip().partition(": ")
-        if sep and name.count("/") == 2 and " " not in name:
-            found[name] = rest.split(" (")[0]
-    return found
-
-
 def run_matrix(tmp: Path, launcher: str, *extra: str) -> Path:
     out = tmp / f"exports-{launcher}"
     proc = convert_all(tmp, *MATRIX, f"hydra/launcher={launcher}", f"out_dir={out}", f"catalog_dir={tmp / 'docs'}", *extra)
     assert proc.returncode == 1, proc.stdout[-6000:] + proc.stderr[-6000:]   # one gate failed, nothing errored
     assert "1 cell(s) failed" in proc.stdout and f"✗ {FAILING}: decoder: gate_failed" in proc.stdout
     assert str(out / FAILED_BUNDLE / "report.json") in proc.stdout.replace("\n", "")
-    planned = plan_lines(proc.stdout)
+    planned = plan_outcomes(proc.stdout)
     assert {c for c, o in planned.items() if o == "refused"} == REFUSED
     assert sum(o == "to build" for o in planned.values()) == len(BUNDLES)
     return out
@@ -188,11 +180,11 @@ def test_ray_cluster_builds_the_same_bundles_as_the_serial_run(tmp, serial, ray_
     again = convert_all(tmp, *PASSING, "hydra/launcher=ray", f"address={ray_cluster}", f"out_dir={out}",
                         f"catalog_dir={tmp / 'docs'}")
     assert again.returncode == 0, again.stdout[-4000:]
-    assert set(plan_lines(again.stdout).values()) == {"up to date"}
+    assert set(plan_outcomes(again.stdout).values()) == {"up to date"}
     assert "resolve_weights" not in again.stdout and time.monotonic() - started < 60
     forced = convert_all(tmp, "model=t5", "target=litert", "precision=fp32", "weights=tiny", "--force",
                          "hydra/launcher=ray", f"address={ray_cluster}", f"out_dir={out}", f"catalog_dir={tmp / 'docs'}")
-    assert forced.returncode == 0 and plan_lines(forced.stdout) == {"t5/litert/fp32": "to build"}, forced.stdout[-4000:]
+    assert forced.returncode == 0 and plan_outcomes(forced.stdout) == {"t5/litert/fp32": "to build"}, forced.stdout[-4000:]
     assert_same_bundles(serial, out)
 
 

@@ -5,8 +5,6 @@ gated. Goldens: scripts/make_triposplat_goldens.py in the reference env (upstrea
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from test_hub import loopback  # noqa: F401  (the loopback Hub fixture: tests/hub_server.py + the real client)
+import background_convert
 from zoo import gates
 from zoo.errors import ZooError
 
@@ -47,20 +46,8 @@ def tripo():
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """`zoo.convert model=triposplat target=all precision=fp32` (tiny) in a subprocess, started at once."""
-    out = tmp_path_factory.mktemp("triposplat-exports")
-    proc = subprocess.Popen([sys.executable, "-m", "zoo.convert", "model=triposplat", "target=all", "precision=fp32",
-                             f"out_dir={out}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    yield proc, out / "triposplat"
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
-
-
-def finished(converted) -> Path:
-    proc, folder = converted
-    output, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, output[-4000:]
-    return folder
+    yield from background_convert.start(tmp_path_factory.mktemp("triposplat-exports"),
+                                        ["model=triposplat", "target=all", "precision=fp32"], "triposplat")
 
 
 def test_conversion_started(converted):  # first in the module: conversion runs while the port tests do
@@ -264,7 +251,7 @@ def test_per_step_gate_fails_on_a_converted_dit_with_wrong_point_positions(tripo
 def test_dit_converts_on_both_targets_and_passes_every_gated_step(converted):
     from gpu_mode import gpu_ready, gpu_required
 
-    folder = finished(converted)
+    folder = background_convert.finished(converted)
     # one bundle folder per (component, target, precision); a single-component model drops the component level
     bundles = {(m["component"], m["target"], m["precision"]): p.parent
                for p in folder.glob("**/manifest.json") for m in [json.loads(p.read_text())]}
@@ -375,7 +362,7 @@ def test_generate_writes_a_splat_ply_from_the_three_bundles(converted, target, t
     import models.triposplat.decoding as decoding
     from models.triposplat import octree, ply
 
-    folder = finished(converted)
+    folder = background_convert.finished(converted)
     out = tmp_path / f"splats-{target}.ply"
     result = run_cli("zoo.generate", "triposplat", "--bundles", str(folder), "--target", target, "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -393,7 +380,7 @@ def test_generate_writes_a_splat_ply_from_the_three_bundles(converted, target, t
 
 
 def test_generate_refuses_an_image_a_prompt_or_another_format(converted, tmp_path, run_cli):
-    folder = finished(converted)
+    folder = background_convert.finished(converted)
     base = ["zoo.generate", "triposplat", "--bundles", str(folder), "--target", "litert"]
     for extra, text in ((["--image", str(tmp_path / "a.png"), "--out", str(tmp_path / "a.ply")], "takes no --image"),
                         (["--prompt", "a chair", "--out", str(tmp_path / "a.ply")], "takes no --prompt"),

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.rewrites.attention import query_chunked_attention
+
 TIMESTEP_CHANNELS = 256      # diffusers Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0)
 MASKED_BIAS = -10000.0       # upstream's text-mask bias; fits fp16
 ROPE_BASE = (20, 2048, 2048)  # upstream's base_num_frames, base_height, base_width
@@ -129,21 +131,6 @@ class RMSNormAffine(nn.Module):
         return rms_norm(x, self.eps) * self.weight
 
 
-def attention(q, k, v, bias, chunk: int) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + bias) v on [B, H, S, D]; queries in chunks of `chunk` (0: all at once)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    kt = k.transpose(-1, -2)
-    starts = range(0, q.shape[2], chunk) if chunk else [0]
-    outs = []
-    for start in starts:
-        qc = q[:, :, start:start + chunk] if chunk else q
-        scores = (qc @ kt) * scale
-        if bias is not None:
-            scores = scores + bias
-        outs.append(torch.softmax(scores, dim=-1) @ v)
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-
-
 class Attention(nn.Module):
     """diffusers LTXAttention (keys to_q/to_k/to_v/to_out.0/norm_q/norm_k)."""
 
@@ -169,7 +156,7 @@ class Attention(nn.Module):
             cos, sin = rope
             q = q * cos + swap_pairs(q) * sin
             k = k * cos + swap_pairs(k) * sin
-        out = attention(self._heads(q), self._heads(k), self._heads(self.to_v(context)), bias, self.chunk)
+        out = query_chunked_attention(self._heads(q), self._heads(k), self._heads(self.to_v(context)), self.chunk, bias)
         out = out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
         return self.to_out[0](out)
 

@@ -26,13 +26,14 @@ What differs from upstream, all exact in fp32 (tests/test_triposplat_decoders.py
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from zoo.rewrites.attention import query_chunked_attention
 
 # The 480 output floats per token, in upstream's order (`ElasticGaussianFixedlenDecoder._calc_layout` with
 # num_gaussians=32, learned per-offset scale): name -> floats per Gaussian. Named slices for the gates.
@@ -152,16 +153,6 @@ class HeadRMSNorm(nn.Module):
         return x * inv * (self.gamma * self.scale)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
-    """softmax(q kᵀ/√d) v on [B, H, S, D]; queries in chunks of `chunk` (0: all at once)."""
-    scale = q.shape[-1] ** -0.5
-    kt = k.transpose(-1, -2)
-    if not chunk or chunk >= q.shape[2]:
-        return torch.softmax((q @ kt) * scale, dim=-1) @ v
-    outs = [torch.softmax((q[:, :, s:s + chunk] @ kt) * scale, dim=-1) @ v for s in range(0, q.shape[2], chunk)]
-    return torch.cat(outs, dim=2)
-
-
 class Attention(nn.Module):
     """Upstream MultiHeadAttention (full, qkv bias, q/k RMS norm), keys to_qkv | to_q + to_kv, to_out."""
 
@@ -193,7 +184,7 @@ class Attention(nn.Module):
         q = self.q_rms_norm(self._heads(q)).transpose(1, 2)
         k = self.k_rms_norm(self._heads(k)).transpose(1, 2)
         v = self._heads(v).transpose(1, 2)
-        h = attention(q, k, v, self.chunk).transpose(1, 2)
+        h = query_chunked_attention(q, k, v, self.chunk).transpose(1, 2)
         return self.to_out(h.reshape(x.shape[0], x.shape[1], c))
 
 

@@ -29,7 +29,6 @@ What differs from upstream, and why (measurements: ../shared/notes/models.md "Tr
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
@@ -38,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.rewrites.attention import query_chunked_attention
 from zoo.rewrites.norms import adaptive_normalize
 
 SOBOL_SEED = 123              # upstream: SobolEngine(dimension=3, scramble=True, seed=123)
@@ -175,18 +175,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
-def attention(q, k, v, chunk: int) -> torch.Tensor:
-    """softmax(q kᵀ/√D) v on [B, H, L, D], queries in chunks of `chunk` (0: all at once)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    kt = k.transpose(-1, -2)
-    starts = range(0, q.shape[2], chunk) if chunk else [0]
-    outs = []
-    for start in starts:
-        qc = q[:, :, start:start + chunk] if chunk else q
-        outs.append(torch.softmax((qc @ kt) * scale, dim=-1) @ v)
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-
-
 class RePoRotary(nn.Module):
     """RePo3DRotaryEmbedding: content-dependent 3D RoPE angles per token and head, as real cos/sin.
 
@@ -268,7 +256,7 @@ class RopeSelfAttention(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if self.qk_rms_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        h = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.chunk)
+        h = query_chunked_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.chunk)
         return self.out(h.transpose(1, 2).reshape(B, L, C))
 
 

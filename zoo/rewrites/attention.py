@@ -124,6 +124,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return scores.softmax(-1) @ v
 
 
+def query_chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int,
+                            bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + bias) v on [B, H, L, D], the queries in chunks of `chunk` (0: all at once).
+
+    Why: the score tensor of long sequences exceeds the GPU's buffer limit (the WebGPU adapter's 128 MiB: LTX-Video's
+    3168-token scores are 642 MB in fp16, TripoSplat's 12,294 tokens at chunk 2048 needed 512 MiB and were refused,
+    chunk 256 accepted) and, unchunked, converting TripoSplat's DiT exceeded 19 GB on Core AI (models.md). Each chunk
+    is an exact slice of the same computation, so the result equals the unchunked one to fp32 rounding.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    kt = k.transpose(-1, -2)
+    starts = range(0, q.shape[2], chunk) if chunk and chunk < q.shape[2] else [0]
+    outs = []
+    for start in starts:
+        scores = ((q[:, :, start:start + chunk] if len(starts) > 1 else q) @ kt) * scale
+        if bias is not None:
+            scores = scores + bias
+        outs.append(torch.softmax(scores, dim=-1) @ v)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
 class GQAAttention(nn.Module):
     """Llama-style grouped-query self-attention; `kv_form` and `expand_mask` pick the lowering.
 
