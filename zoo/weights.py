@@ -164,6 +164,13 @@ def _named_files(model_cfg, folder: Path) -> dict | None:
     return None
 
 
+def load_model_folder(model_cfg, folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
+    """A local or downloaded checkpoint folder: the model's named weight files if it is laid out that way,
+    else config.json + weight files (or a diffusers pipeline folder)."""
+    files = _named_files(model_cfg, folder)
+    return load_named_files(folder, files) if files else load_folder(folder)
+
+
 def load_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
     """config.json + every weight file of a checkpoint folder; corrupt files are named, not crashed on.
     A diffusers pipeline folder (model_index.json + one folder per part) loads every part."""
@@ -292,9 +299,7 @@ def resolve(model_cfg, spec: str, tiny_dir: Path, random_checkpoint, embedded=No
     if source == "url":
         return _from_url(model_cfg)
     if source == "local":
-        folder = Path(path).expanduser()
-        files = _named_files(model_cfg, folder)
-        config, state_dict, hashes = load_named_files(folder, files) if files else load_folder(folder)
+        config, state_dict, hashes = load_model_folder(model_cfg, Path(path).expanduser())
         return Checkpoint("local", config, state_dict, {"source": "local", "path": str(Path(path).resolve()), "files": hashes})
     if source == "random":
         config, state_dict = random_checkpoint(model_cfg)
@@ -321,15 +326,11 @@ def _from_hub(model_cfg) -> Checkpoint:
     if not custom and not _weight_files(folder):  # older repos ship only pytorch_model.bin
         patterns = hub.LEGACY_WEIGHT_PATTERNS
         folder = hub.download(repo_id, revision, patterns)
-    def load(folder):
-        files = _named_files(model_cfg, folder)
-        return load_named_files(folder, files) if files else load_folder(folder)
-
     try:
-        config, state_dict, hashes = load(folder)
+        config, state_dict, hashes = load_model_folder(model_cfg, folder)
     except CorruptCheckpoint as exc:  # a cache without the Hub's metadata to check against: fetch it again
         folder = hub.refetch_corrupt_file(repo_id, revision, exc.path, patterns)  # offline: ZooError with the fix
-        config, state_dict, hashes = load(folder)
+        config, state_dict, hashes = load_model_folder(model_cfg, folder)
     return Checkpoint("hub", config, state_dict,
                       {"source": "hub", "repo_id": repo_id, "revision": revision, "path": str(folder), "files": hashes})
 

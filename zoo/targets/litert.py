@@ -107,6 +107,7 @@ class LiteRTTarget:
     }
 
     export_skip_reason = "litert_torch.convert runs torch.export itself; its time is counted under convert"
+    lightweight = False   # how the last convert() ran: conversion_note reports it
     compression_skipped = "no post-conversion quantization at fp32"
 
     def prepare(self, module, precision: Precision, options: dict | None = None):
@@ -122,12 +123,12 @@ class LiteRTTarget:
         # The converter writes through LLVM, which aborts the whole process on a full disk: check first.
         largest = max(expected_bundle_bytes(None, e.module) for e in entries)
         ensure_free_space(scratch, largest)
-        self.lightweight = use_lightweight_conversion(lightweight_conversion, largest, lightweight_above_gb)
+        self.lightweight = use_lightweight_conversion(lightweight_conversion, largest, lightweight_above_gb)  # for the note
         return convert_entries(entries, scratch / "fp32.tflite", lightweight=self.lightweight)
 
     def conversion_note(self, artifact) -> str | None:
         # the op list is in the GPU check's report section; what is said here is how it was converted
-        return "lightweight conversion (lazy constants)" if getattr(self, "lightweight", False) else None
+        return "lightweight conversion (lazy constants)" if self.lightweight else None
 
     def compress(self, fp32_path: Path, precision: Precision, scratch: Path, int8_recipe: str = "dynamic", **_):
         if precision.name in ("fp16", "int8"):
