@@ -195,3 +195,17 @@ def test_a_launcher_that_stops_reports_its_jobs_lost_and_exits_2(tmp_path):
     assert "1 lost" in proc.stdout and "✗ t5/litert/fp32: the launcher stopped before this job left a result" in proc.stdout
     assert list((tmp_path / "exports" / ".convert-all").glob("*/launcher-error.txt"))
     assert (tmp_path / "docs" / "catalog.md").is_file()
+
+
+def test_ray_temp_dir_keeps_socket_paths_under_the_unix_limit():
+    """CI checks the project out at /check/work/main, where a 44-byte temp dir made Ray's plasma socket path
+    exceed 107 bytes (`make test-scaleout` failed). The folder leaves room for Ray's longest socket suffix,
+    falls back to a shorter one, and a project too deep for either is exit 2, not Ray's traceback."""
+    from zoo.convert_all import MAX_RAY_TEMP_DIR, RAY_SOCKET_SUFFIX, choose_ray_temp_dir, ray_temp_dir
+    from zoo.errors import ZooError
+    assert len(str(ray_temp_dir()) + RAY_SOCKET_SUFFIX) <= 107
+    assert choose_ray_temp_dir(Path("/check/work/main")) == Path("/check/work/main/.cache/ray")
+    fits_only_dot_ray = Path("/" + "d" * (MAX_RAY_TEMP_DIR - len("/.ray") - 1))
+    assert choose_ray_temp_dir(fits_only_dot_ray) == fits_only_dot_ray / ".ray"
+    with pytest.raises(ZooError, match="too deep for Ray"):
+        choose_ray_temp_dir(Path("/" + "d" * 60))

@@ -29,6 +29,8 @@ from pathlib import Path
 import pytest
 from background_convert import plan_outcomes
 
+from zoo.convert_all import ray_temp_dir
+
 pytestmark = pytest.mark.scaleout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +42,6 @@ FAILING = "gqa-llm/coreai/fp16"   # kept in <bundle>.failed/ (see the module doc
 FAILED_BUNDLE = "gqa-llm/coreai-fp16.failed"
 PASSING = ["model=t5,gqa-llm", "target=coreai,litert", "precision=fp32", "weights=tiny"]  # the matrix less fp16
 RAY = str(Path(sys.executable).with_name("ray"))
-MAX_RAY_TEMP_DIR = 45  # Ray's unix sockets live under its temp dir; a socket path may not exceed 107 bytes
 
 
 def engine_env(tmp: Path) -> dict[str, str]:
@@ -115,15 +116,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ray_temp_dir(tmp_path_factory) -> Path:
-    """A short folder for Ray's state: pytest's tmp where its path is short enough, else the project's .cache."""
-    folder = tmp_path_factory.mktemp("ray")
-    if len(str(folder)) > MAX_RAY_TEMP_DIR:
-        folder = ROOT / ".cache" / f"ray-{os.getpid()}"
-        folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 def nodes_alive(address: str, env: dict) -> int:
     status = subprocess.run([RAY, "status", f"--address={address}"], capture_output=True, text=True, env=env, timeout=60)
     active = status.stdout.split("Active:", 1)[-1].split("Pending:", 1)[0]
@@ -131,11 +123,11 @@ def nodes_alive(address: str, env: dict) -> int:
 
 
 @pytest.fixture
-def ray_cluster(tmp, tmp_path_factory):  # only for the Ray test: stopped before the submitit one starts
+def ray_cluster(tmp):  # only for the Ray test: stopped before the submitit one starts
     """A real two-node Ray cluster on 127.0.0.1: `ray start --head` plus one worker node process, 1 CPU each.
     --block keeps each `ray start` in the foreground, so this test holds their PIDs and stops exactly them
     (SIGTERM: each stops the Ray processes it started), never `ray stop` (which stops every Ray on the machine)."""
-    port, temp_dir = free_port(), ray_temp_dir(tmp_path_factory)
+    port, temp_dir = free_port(), ray_temp_dir()
     address = f"127.0.0.1:{port}"
     env = engine_env(tmp / "ray-tmp")
     common = ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", f"--temp-dir={temp_dir}",

@@ -269,14 +269,30 @@ def launcher_overrides(launcher: str, cells: list[Cell], settings: DictConfig, r
     return []
 
 
-def ray_temp_dir() -> Path:
-    """Ray's session folder for a local instance: inside the project, short (Ray's unix sockets live there and
-    a socket path may not exceed 107 bytes); the project's .cache/ray unless that is too deep."""
-    folder = ROOT / ".cache" / "ray"
-    if len(str(folder)) > 40:
-        folder = ROOT / ".ray"
+# Ray's unix sockets live in <temp dir>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store.1 and an AF_UNIX
+# path may not exceed 107 bytes. The longest suffix (7-digit pid) is 66 bytes, so the temp dir may use 41.
+# CI checks the project out at /check/work/main, where .cache/pytest-scaleout/ray0 (44 bytes) failed.
+RAY_SOCKET_SUFFIX = "/session_2026-12-01_16-36-51_273958_1234567/sockets/plasma_store.1"
+MAX_RAY_TEMP_DIR = 107 - len(RAY_SOCKET_SUFFIX)
+
+
+def ray_temp_dir(root: Path = ROOT) -> Path:
+    """Ray's session folder for a local instance or a test cluster (created): see `choose_ray_temp_dir`."""
+    folder = choose_ray_temp_dir(root)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def choose_ray_temp_dir(root: Path) -> Path:
+    """Inside the project and short enough for Ray's socket paths: root/.cache/ray, else root/.ray.
+    A project too deep for either is exit 2 (Ray itself would raise a traceback from a worker's start)."""
+    for folder in (root / ".cache" / "ray", root / ".ray"):
+        if len(str(folder)) <= MAX_RAY_TEMP_DIR:
+            return folder
+    raise ZooError(
+        f"the project folder {root} is too deep for Ray: its session sockets would live under {root / '.ray'}, "
+        f"and a unix socket path may not exceed 107 bytes (the folder may use {MAX_RAY_TEMP_DIR}).",
+        "move or link the project to a shorter path, or use hydra/launcher=joblib.")
 
 
 def check_ray_address(address: str) -> None:
