@@ -72,7 +72,8 @@ class LiteRTOptions(TargetOptions):
     # weight_only is closer on the CPU (tiny T5 cos 0.99996 vs the dynamic default's gate 0.998) but the
     # GPU delegate cannot create it ("Shape mismatch {64,1,1,64} vs {1,1,64,64}" on a dequantized FC
     # weight; SIGSEGV with an int8 lookup table): `zoo convert model=t5 target=litert precision=int8
-    # weights=tiny model.litert.int8_recipe=weight_only`. So "dynamic" stays the default.
+    # weights=tiny model.litert.int8_recipe=weight_only`. So "dynamic" stays the default; a model whose tokens
+    # need it opts in (gqa-llm: agreement 1 vs 0.625 on the real SmolLM2, models/gqa_llm/config.yaml).
     int8_recipe: str = "dynamic"
     # litert-torch's lazy-constant conversion: "auto" turns it on when the module's weights exceed
     # `lightweight_above_gb` (measured on the 28-layer LTX-Video DiT: peak RSS 24 GB -> 10.4 GB, same ops and

@@ -62,9 +62,10 @@ def quantize(fp32_path: Path, precision: Precision, out_path: Path, keep_tables_
 
     if precision.name == "int8" and int8_recipe == "weight_only":
         q = quantizer.Quantizer(str(fp32_path))
+        # Lookup tables are int8 too: the GPU delegate cannot create a weight-only bundle whatever the tables
+        # hold (a dequantized FC weight: "Shape mismatch {64,1,1,256} vs {1,1,64,256}"), so an fp32 table would
+        # only cost size (real SmolLM2: 254 MB with the fp32 table, 0.47x fp32).
         q.add_weight_only_config(regex=".*", operation_name=qtyping.TFLOperationName.ALL_SUPPORTED, num_bits=8)
-        if keep_tables_fp32:
-            _keep_lookup_tables(q)
         note = "weight-only int8 (litert-quantizer, per channel), weights dequantized to fp32, float compute"
     elif precision.name == "int8":
         q = quantizer.Quantizer(str(fp32_path), recipe.dynamic_wi8_afp32())
