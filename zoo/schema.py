@@ -110,6 +110,9 @@ class ModelConfig:
     # ("Value 'AnyNode' is not a supported primitive type"); check_semantics checks their values instead.
     refused_precisions: dict[str, Any] = field(default_factory=dict)   # target -> {precision: reason}
     gates: dict[str, Any] = MISSING                                     # precision -> {metric: threshold}
+    # component -> {precision: {metric: threshold}}, merged over `gates` for that component's bundles (TripoSplat's
+    # image encoders are gated on cosine and rel_max_abs; its DiT and decoders keep the model-wide thresholds)
+    component_gates: dict[str, Any] = field(default_factory=dict)
     gpu: GpuSection = field(default_factory=GpuSection)
     bench: BenchSection = field(default_factory=BenchSection)
     coreai: CoreAIOptions = field(default_factory=CoreAIOptions)
