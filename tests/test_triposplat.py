@@ -355,36 +355,50 @@ def test_real_architecture_has_upstreams_559_keys_and_370_5_m_params(tripo):
 
 
 @pytest.mark.parametrize("target", ["litert", "coreai"])
-def test_generate_writes_a_splat_ply_from_the_three_bundles(converted, target, tripo, tmp_path, run_cli):
-    """`zoo generate triposplat --bundles DIR --out splats.ply`: the DiT sampler and both decoders from the saved
-    bundles; the file parses back as a 3DGS .ply with the expected count, and matches the eager decode of the eager
-    sampler's latent (same seeds: the same octree points, values to conversion noise)."""
-    import models.triposplat.decoding as decoding
-    from models.triposplat import octree, ply
+def test_generate_writes_a_splat_ply_from_an_image_through_the_five_bundles(converted, target, tripo, tmp_path, run_cli):
+    """`zoo generate triposplat --bundles DIR --image cutout.png --out splats.ply`: the two encoders, the DiT sampler
+    and both decoders from the saved bundles; the file parses back as a 3DGS .ply with the expected count, and
+    matches the same chain over the eager references (library encoders, port DiT and decoders; same seeds)."""
+    from PIL import Image
+
+    from models.triposplat import bundles, encoders, image_input, ply
 
     folder = background_convert.finished(converted)
+    Image.fromarray(encoders.test_card(150), "RGBA").save(tmp_path / "cutout.png")
     out = tmp_path / f"splats-{target}.ply"
-    result = run_cli("zoo.generate", "triposplat", "--bundles", str(folder), "--target", target, "--out", str(out))
+    result = run_cli("zoo.generate", "triposplat", "--bundles", str(folder), "--target", target,
+                     "--image", str(tmp_path / "cutout.png"), "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2048 Gaussians" in result.stdout and "seeded stand-ins" in result.stdout
+    assert "2048 Gaussians" in result.stdout and "cutout.png (64² composite)" in result.stdout
     splats = ply.read_ply(out)
     assert list(splats) == ply.PROPERTIES and all(v.shape == (2048,) for v in splats.values())
     cfg, checkpoint = tripo["cfg"], tripo["checkpoint"]
-    latent = tripo["module"].eager_run(checkpoint, cfg).final["latent"]
-    oct_model, gs_model = decoding.octree_reference(checkpoint, cfg), decoding.gaussian_reference(checkpoint, cfg)
-    gaussians, _, _ = octree.decode_latent(lambda kw: oct_model(**kw), lambda kw: gs_model(**kw), latent,
-                                           decoding.decoder_facts(checkpoint, cfg), torch.Generator().manual_seed(int(cfg.seed)))
+    image = image_input.load(tmp_path / "cutout.png", tripo["module"].encoder_image_size(checkpoint, cfg))
+    gaussians, _ = bundles.chain(bundles.eager_chain(checkpoint, cfg), image, int(cfg.seed))
     eager = ply.read_ply(ply.ply_bytes(ply.ply_arrays(gaussians)))
     for name in ("x", "y", "z", "f_dc_0", "opacity", "scale_0", "rot_0"):
         np.testing.assert_allclose(splats[name], eager[name], atol=2e-3, err_msg=name)
 
 
-def test_generate_refuses_an_image_a_prompt_or_another_format(converted, tmp_path, run_cli):
+def test_generate_refuses_bad_images_a_prompt_or_another_format(converted, tmp_path, run_cli):
+    """Exit 2, one paragraph, no traceback: no --image, an RGB photo (no BiRefNet here: the fix is named), a file
+    that is not an image, a missing file, a --prompt, a non-.ply output."""
+    from PIL import Image
+
+    from models.triposplat import encoders
+
     folder = background_convert.finished(converted)
+    Image.fromarray(encoders.test_card(80), "RGBA").save(tmp_path / "cutout.png")
+    Image.fromarray(encoders.test_card(80)[..., :3], "RGB").save(tmp_path / "photo.png")
+    (tmp_path / "notes.png").write_text("not an image")
     base = ["zoo.generate", "triposplat", "--bundles", str(folder), "--target", "litert"]
-    for extra, text in ((["--image", str(tmp_path / "a.png"), "--out", str(tmp_path / "a.ply")], "takes no --image"),
-                        (["--prompt", "a chair", "--out", str(tmp_path / "a.ply")], "takes no --prompt"),
-                        (["--out", str(tmp_path / "a.gif")], "writes 3D Gaussian Splatting .ply")):
+    cutout, out = ["--image", str(tmp_path / "cutout.png")], ["--out", str(tmp_path / "a.ply")]
+    for extra, text in ((out, "needs --image"),
+                        (["--image", str(tmp_path / "photo.png"), *out], "remove the background first"),
+                        (["--image", str(tmp_path / "notes.png"), *out], "could not be read as an image"),
+                        (["--image", str(tmp_path / "missing.png"), *out], "is not a file"),
+                        ([*cutout, "--prompt", "a chair", *out], "takes no --prompt"),
+                        ([*cutout, "--out", str(tmp_path / "a.gif")], "writes 3D Gaussian Splatting .ply")):
         result = run_cli(*base, *extra)
         said = result.stdout + result.stderr
         assert result.returncode == 2 and text in " ".join(said.split()) and "Traceback" not in said, said
