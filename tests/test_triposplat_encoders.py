@@ -19,19 +19,21 @@ from zoo.errors import ZooError
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """Both encoders, both targets, the default precision (fp16; the LiteRT GPU check included). fp32 is converted
-    by tests/test_triposplat.py's `target=all precision=fp32` run."""
+    """Both encoders, both targets, the default precision (fp16). The LiteRT GPU check (software Vulkan, ~50 s of
+    this run's ~60 s here) is left to tests/test_triposplat.py's `target=all precision=fp32` run, which converts the
+    encoders too with the check on and fails if a graph is not GPU-resident; the README shows it at fp16."""
     yield from background_convert.start(tmp_path_factory.mktemp("encoders"),
-                                        ["model=triposplat", "component=[image-encoder,vae-encoder]", "target=all"],
-                                        "triposplat")
+                                        ["model=triposplat", "component=[image-encoder,vae-encoder]", "target=all",
+                                         "model.gpu.check=false"], "triposplat")
 
 
 @pytest.fixture(scope="module")
 def negative(tmp_path_factory):
-    """Both negative controls in one run, fp32, both targets: upstream's ImageNet mean/std replaced by 0.5 in the
-    image-encoder graph; the VAE patchify's dy and dx swapped. Each must convert, run, and fail its gates."""
+    """Both negative controls in one run, fp32, on Core AI (the cheaper target; the README shows both): upstream's
+    ImageNet mean/std replaced by 0.5 in the image-encoder graph; the VAE patchify's dy and dx swapped. Each must
+    convert, run, and fail its gates."""
     yield from background_convert.start(tmp_path_factory.mktemp("encoders-negative"),
-                                        ["model=triposplat", "component=[image-encoder,vae-encoder]", "target=all",
+                                        ["model=triposplat", "component=[image-encoder,vae-encoder]", "target=coreai",
                                          "precision=fp32", "model.encoders.pixel_mean=[0.5,0.5,0.5]",
                                          "model.encoders.pixel_std=[0.5,0.5,0.5]", "model.encoders.patch_order=transposed",
                                          "model.gpu.check=false"], "triposplat")
@@ -271,7 +273,7 @@ def reports(folder) -> dict[tuple[str, str, str], dict]:
 
 def test_encoders_convert_and_pass_their_gates_on_both_targets(converted):
     """fp16 on Core AI and LiteRT: feature1 / feature2 of each saved artifact vs the library reference, cosine and
-    rel_max_abs (component_gates), and the LiteRT graphs GPU-resident with fp32 GPU numerics matching CPU."""
+    rel_max_abs (component_gates)."""
     got = reports(background_convert.finished(converted))
     for component, output in (("image-encoder", "feature1"), ("vae-encoder", "feature2")):
         for target in ("coreai", "litert"):
@@ -279,14 +281,12 @@ def test_encoders_convert_and_pass_their_gates_on_both_targets(converted):
             assert report["status"] == "passed", report.get("error") or report["gates"]
             metrics = {g["metric"]: g for g in report["gates"]}
             assert metrics["cosine"]["value"] >= 0.9999 and metrics["rel_max_abs"]["value"] <= 2e-2
-            if target == "litert":
-                assert metrics["gpu_resident"]["value"] == 1 and metrics["gpu_fp32_rel_err"]["value"] <= 1e-4
             assert (converted[1] / component / f"{target}-fp16" / "encoder.json").is_file()
 
 
 def test_negative_controls_fail_on_the_saved_artifacts(negative):
     """Wrong normalisation in the image-encoder graph and a transposed patchify in the vae-encoder graph convert,
-    run, and fail both gates on both targets (kept as .failed, never published)."""
+    run, and fail both gates (kept as .failed, never published)."""
     proc, folder = negative
     output, _ = proc.communicate(timeout=900)
     assert proc.returncode != 0, output[-3000:]        # a gate failure is a non-zero exit
@@ -294,6 +294,6 @@ def test_negative_controls_fail_on_the_saved_artifacts(negative):
     for path in folder.glob("*/*.failed/report.json"):
         report = json.loads(path.read_text())
         failed[(report["component"], report["target"])] = {g["metric"]: g for g in report["gates"]}
-    assert set(failed) == {(c, t) for c in ("image-encoder", "vae-encoder") for t in ("coreai", "litert")}, output[-3000:]
+    assert set(failed) == {("image-encoder", "coreai"), ("vae-encoder", "coreai")}, output[-3000:]
     for (component, target), metrics in failed.items():
         assert not metrics["cosine"]["passed"] and not metrics["rel_max_abs"]["passed"], (component, target)
