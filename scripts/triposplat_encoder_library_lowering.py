@@ -16,6 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
+    import json
+
     import models.triposplat as tripo
     from zoo.pipeline import convert_model
     from zoo.registry import get_spec, load_model_config
@@ -35,6 +37,11 @@ def main() -> None:
         print(f"  doctor: {(stages.get('doctor') or {}).get('note', 'not run')}")
         for g in r.gates or []:
             print(f"  {g.describe()}")
+        report = r.path / "report.json" if r.path else None
+        gpu = json.loads(report.read_text()).get("gpu") if report and report.is_file() else None
+        if gpu:
+            print(f"  LiteRT GPU: {gpu.get('status')}; partitions {gpu.get('partitions')}; "
+                  f"rejected: {sorted({o['op'] + ': ' + o['reason'][:60] for o in gpu.get('rejected_ops') or []})}")
 
 
 if __name__ == "__main__":
