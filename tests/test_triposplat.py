@@ -292,9 +292,27 @@ def test_upstreams_bare_file_layout_loads_with_the_variants_architecture(tripo, 
     decoder = {k[len("decoder."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("decoder.")}
     (tmp_path / "vae").mkdir()
     save_file(decoder, str(tmp_path / "vae" / "triposplat_vae_decoder_fp16.safetensors"))
+    with pytest.raises(ZooError, match="clip_vision/dino_v3_vit_h.safetensors"):
+        weights.resolve(cfg, f"local:{tmp_path}", spec.tiny_dir, spec.random_checkpoint)
+    # the encoder files as released: DINOv3 with its mask token, the whole FLUX.2 VAE (decoder half, BN counter)
+    dino = {k[len("image_encoder."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items()
+            if k.startswith("image_encoder.")}
+    dino["embeddings.mask_token"] = torch.zeros_like(dino["embeddings.cls_token"])
+    vae = {k[len("vae_encoder."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items()
+           if k.startswith("vae_encoder.")}
+    vae.update({"decoder.conv_in.weight": torch.zeros(4, 8, 3, 3), "post_quant_conv.weight": torch.zeros(8, 8, 1, 1),
+                "bn.num_batches_tracked": torch.tensor(0)})
+    (tmp_path / "clip_vision").mkdir()
+    save_file(dino, str(tmp_path / "clip_vision" / "dino_v3_vit_h.safetensors"))
+    save_file(vae, str(tmp_path / "vae" / "flux2-vae.safetensors"))
     checkpoint = weights.resolve(cfg, f"local:{tmp_path}", spec.tiny_dir, spec.random_checkpoint)
     assert checkpoint.config == {} and sorted(checkpoint.provenance["files"]) == [
-        "diffusion_models/triposplat_fp16.safetensors", "vae/triposplat_vae_decoder_fp16.safetensors"]
+        "clip_vision/dino_v3_vit_h.safetensors", "diffusion_models/triposplat_fp16.safetensors",
+        "vae/flux2-vae.safetensors", "vae/triposplat_vae_decoder_fp16.safetensors"]
+    m = tripo["module"]                                     # the encoders load strictly, unused keys dropped by name
+    assert torch.equal(m.image_encoder_build(checkpoint, cfg).state_dict()["layer.0.attention.q_proj.weight"],
+                       dino["layer.0.attention.q_proj.weight"].float())
+    assert torch.equal(m.vae_encoder_build(checkpoint, cfg).state_dict()["bn.running_var"], vae["bn.running_var"].float())
     module = tripo["module"].dit_build(checkpoint, cfg)     # tiny variant's architecture, fp16 values in fp32
     assert torch.equal(module.state_dict()["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"].float())
     from models.triposplat import decoding                  # the decoder file's two parts load strictly as well
@@ -315,23 +333,30 @@ def test_hub_weights_fetch_upstreams_files_at_the_pinned_revision(tripo, loopbac
 
     state = {k[len("dit."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("dit.")}
     decoder = {k[len("decoder."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("decoder.")}
+    encoders = {name: {k[len(name) + 1:]: v.half() for k, v in tripo["checkpoint"].state_dict.items()
+                       if k.startswith(name + ".")} for name in ("image_encoder", "vae_encoder")}
     files = {"diffusion_models/triposplat_fp16.safetensors": save(state),
              "vae/triposplat_vae_decoder_fp16.safetensors": save(decoder),
-             "clip_vision/dino_v3_vit_h.safetensors": b"an image encoder's file: not in the patterns, not fetched"}
+             "clip_vision/dino_v3_vit_h.safetensors": save(encoders["image_encoder"]),
+             "vae/flux2-vae.safetensors": save(encoders["vae_encoder"]),
+             "background_removal/birefnet.safetensors": b"BiRefNet's file: not in the patterns, not fetched"}
     sha = loopback.seed_repo("zoo-test/triposplat-tiny", files)
     cfg = tripo["cfg"].copy()
     cfg.variants.tiny.hub = {"repo_id": "zoo-test/triposplat-tiny", "revision": None,
                              "patterns": ["diffusion_models/triposplat_fp16.safetensors",
-                                          "vae/triposplat_vae_decoder_fp16.safetensors"]}
+                                          "vae/triposplat_vae_decoder_fp16.safetensors",
+                                          "clip_vision/dino_v3_vit_h.safetensors", "vae/flux2-vae.safetensors"]}
     spec = get_spec(cfg)
     with pytest.raises(ZooError, match="revision"):
         resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
     cfg.variants.tiny.hub.revision = sha
     checkpoint = resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
     assert checkpoint.provenance["revision"] == sha and checkpoint.is_real and checkpoint.config == {}
-    assert sorted(checkpoint.provenance["files"]) == ["diffusion_models/triposplat_fp16.safetensors",
+    assert sorted(checkpoint.provenance["files"]) == ["clip_vision/dino_v3_vit_h.safetensors",
+                                                      "diffusion_models/triposplat_fp16.safetensors",
+                                                      "vae/flux2-vae.safetensors",
                                                       "vae/triposplat_vae_decoder_fp16.safetensors"]
-    assert not (Path(checkpoint.provenance["path"]) / "clip_vision").exists()
+    assert not (Path(checkpoint.provenance["path"]) / "background_removal").exists()
     module = tripo["module"].dit_build(checkpoint, cfg)
     assert torch.equal(module.state_dict()["out_layer.weight"], state["out_layer.weight"].float())
 
@@ -345,6 +370,7 @@ def test_real_architecture_has_upstreams_559_keys_and_370_5_m_params(tripo):
 
     cfg = tripo["cfg"].copy()
     cfg.variant = "real"
+    cfg.random_parts = ["dit"]      # not the 0.84 G-parameter DINOv3 (tests/test_triposplat_encoders.py sizes it)
     checkpoint = weights.resolve(cfg, "random", get_spec(cfg).tiny_dir, get_spec(cfg).random_checkpoint)
     module = tripo["module"].dit_build(checkpoint, cfg)
     assert len(module.state_dict()) == 559

@@ -166,6 +166,26 @@ def test_released_key_layouts_load_strictly(tiny):
         vae.load_state_dict({**enc.clean_state(vae_full), "encoder.extra": torch.zeros(1)}, strict=True)
 
 
+def test_real_architectures_have_the_library_keys_and_sizes(tiny):
+    """variants.real on the meta device (no memory): the ports' keys and shapes are exactly the library classes'
+    at DINOv3 ViT-H+/16 and FLUX.2's VAE — what the released files hold — and their sizes are the known ones
+    (ViT-H+ 840.6 M parameters; the VAE encoder half 34.4 M)."""
+    from omegaconf import OmegaConf
+    from transformers import DINOv3ViTModel
+
+    from models.triposplat import encoders as enc
+
+    arch = OmegaConf.to_container(tiny["cfg"].variants.real.architecture)
+    dino_cfg, vae_cfg = enc.DinoConfig.from_dict(arch["image_encoder"]), enc.VaeConfig.from_dict(arch["vae_encoder"])
+    with torch.device("meta"):
+        pairs = ((DINOv3ViTModel(dino_cfg.library(1024)), enc.ImageEncoder(dino_cfg, 1024, 256), 840.6),
+                 (vae_cfg.library(), enc.VaeEncoder(vae_cfg, 1024), 34.4))
+    for library, port, millions in pairs:
+        theirs = {k: tuple(v.shape) for k, v in enc.clean_state(library.state_dict()).items()}
+        assert {k: tuple(v.shape) for k, v in port.state_dict().items()} == theirs
+        assert round(sum(p.numel() for p in port.parameters()) / 1e6, 1) == millions
+
+
 def test_committed_tiny_encoder_weights_are_what_the_script_writes(tiny):
     """models/triposplat/tiny/{image,vae}_encoder = scripts/make_triposplat_encoder_tiny.py's seeded output."""
     import importlib.util

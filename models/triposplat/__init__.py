@@ -351,9 +351,18 @@ RANDOM_PARTS[VAE_PART] = seeded_vae_encoder_part
 
 
 def random_checkpoint(cfg) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Every part at the variant's architecture with seeded default-init weights (for benchmarks, not for use)."""
+    """Every part (or `model.random_parts`) at the variant's architecture with seeded default-init weights (for
+    benchmarks, not for use). At real size the DINOv3 ViT-H+ part alone is ~0.84 G parameters (3.4 GB in fp32), so
+    a DiT- or decoder-only run can leave the encoders out: `model.random_parts=[dit,decoder]`."""
+    chosen = list(cfg.random_parts or RANDOM_PARTS)
+    unknown = sorted(set(chosen) - set(RANDOM_PARTS))
+    if unknown:
+        raise ZooError(f"model.random_parts names {', '.join(unknown)}: the parts are {', '.join(RANDOM_PARTS)}.",
+                       "name parts from that list (or leave it empty for all).")
     config, state = {}, {}
     for name, make in RANDOM_PARTS.items():
+        if name not in chosen:
+            continue
         part_config, part_state = make(cfg, int(cfg.seed))
         config[name] = part_config
         state.update({f"{name}.{k}": v for k, v in part_state.items()})
@@ -391,6 +400,7 @@ class TripoSplatModelConfig(ModelConfig):
     # ---- decoder keys (models/triposplat/decoders.py) go below this line ----
     decoders: decoding.DecoderSection = field(default_factory=decoding.DecoderSection)
     encoders: EncoderSection = field(default_factory=EncoderSection)
+    random_parts: list = field(default_factory=list)   # weights=random: the parts to make (empty: all)
 
 
 COMPONENTS = [
