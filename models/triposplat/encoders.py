@@ -427,7 +427,9 @@ class VaeEncoder(nn.Module):
         patches = F.conv2d(sample, self.patchify * inv_std.reshape(-1, 1, 1, 1), -self.bn.running_mean * inv_std,
                            stride=VAE_PATCH)
         tokens = patches.flatten(2).transpose(1, 2)
-        return torch.cat([torch.zeros(1, PREFIX_TOKENS, tokens.shape[-1], dtype=tokens.dtype), tokens], dim=1)
+        # the 5 zero tokens as a constant pad, not cat(torch.zeros(...)): Core AI's converter typed that `full` f32
+        # inside a bf16 graph ("full[0]: dtype f32 vs bf16", `target=coreai precision=bf16`)
+        return F.pad(tokens, (0, 0, PREFIX_TOKENS, 0))
 
 
 # ---------------------------------------------------------------- state dicts
