@@ -16,7 +16,10 @@ decoder half, which the encoder component drops), so the real files load strictl
 
 What was re-authored, and why (README "Image encoders"):
 - every LayerNorm / GroupNorm in the fp16-safe prescaled form (zoo.rewrites.norms.adaptive_normalize): a plain
-  norm's variance overflows fp16 once |x| > ~256, and DINOv3's residual stream / a VAE's first blocks go there;
+  norm's variance overflows fp16 once |x| > ~256 (`zoo doctor` flags half-layer-norm inside both library modules
+  on the fp16 Core AI graph: scripts/triposplat_encoder_library_lowering.py);
+- the cls / register tokens concatenated as they are: transformers' `cls_token.expand(B, ...)` lowers to
+  BROADCAST_TO, which the LiteRT GPU delegate rejects (same script);
 - DINOv3's 2-D RoPE cos/sin computed once at construction for the fixed image size (a buffer, as the DiT's Sobol
   embedding): no trig in the graph;
 - attention as explicit softmax(q kᵀ/√d) v, query-chunked (`model.encoders.attention_chunk`): the VAE's mid
