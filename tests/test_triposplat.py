@@ -380,6 +380,22 @@ def test_real_architecture_has_upstreams_559_keys_and_370_5_m_params(tripo):
 # ---------------------------------------------------------------- zoo generate over the converted bundles (decoders' owner)
 
 
+def test_encoders_convert_and_pass_their_gates_on_both_targets(converted):
+    """The image encoders in the same fp32 run (tests/test_triposplat_encoders.py holds the rest of their tests):
+    feature1 / feature2 of each saved artifact vs the library reference (transformers DINOv3ViTModel, diffusers
+    AutoencoderKLFlux2) by cosine and rel_max_abs (component_gates), and on LiteRT GPU-resident with the GPU's
+    fp32 run matching the CPU interpreter."""
+    folder = background_convert.finished(converted)
+    for component in ("image-encoder", "vae-encoder"):
+        for target in ("coreai", "litert"):
+            report = json.loads((folder / component / f"{target}-fp32" / "report.json").read_text())
+            assert report["status"] == "passed", report.get("error") or report["gates"]
+            metrics = {g["metric"]: g["value"] for g in report["gates"]}
+            assert metrics["cosine"] >= 0.999999 and metrics["rel_max_abs"] <= 1e-4
+            if target == "litert":
+                assert metrics["gpu_resident"] == 1 and metrics["gpu_fp32_rel_err"] <= 1e-4
+
+
 @pytest.mark.parametrize("target", ["litert", "coreai"])
 def test_generate_writes_a_splat_ply_from_an_image_through_the_five_bundles(converted, target, tripo, tmp_path, run_cli):
     """`zoo generate triposplat --bundles DIR --image cutout.png --out splats.ply`: the two encoders, the DiT sampler
