@@ -83,3 +83,81 @@ def test_int8_recipes_differ_as_declared(converted):
         with torch.no_grad():
             reference = module(ids).numpy()
         assert float((y * reference).sum() / (np.linalg.norm(y) * np.linalg.norm(reference))) > 0.999
+
+
+class TiedLookupAndHead(nn.Module):
+    """An LLM's tied embedding in miniature: one table read by EMBEDDING_LOOKUP (kept fp32) and by the output
+    projection (cast to fp16 / int8), so the quantizer must split it into two differently stored tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 32)
+        self.mix = nn.Linear(32, 32)
+
+    def forward(self, ids):
+        return nn.functional.linear(self.mix(self.embed(ids)), self.embed.weight)
+
+
+@pytest.fixture(scope="module")
+def two_signatures(tmp_path_factory):
+    """Prefill- and decode-like signatures over the same weights, as the LLM's .tflite has."""
+    torch.manual_seed(0)
+    module = TiedLookupAndHead().eval()
+    inputs = {"prefill": torch.randint(0, 64, (1, 8), dtype=torch.int32),
+              "decode": torch.randint(0, 64, (1, 1), dtype=torch.int32)}
+    folder = tmp_path_factory.mktemp("signatures")
+    entries = [Entry(name, module, {"ids": ids}, ["y"]) for name, ids in inputs.items()]
+    return module, inputs, LiteRTTarget().convert(entries, None, folder), folder
+
+
+def _stored_buffers(path):
+    from litert_quantizer.utils import tfl_flatbuffer_utils
+
+    model = tfl_flatbuffer_utils.read_model(str(path))
+    return model, sum(len(b.data) for b in model.buffers if b.data is not None)
+
+
+def test_quantized_signatures_share_one_copy_of_each_weight(two_signatures, precision="fp16"):
+    """litert-quantizer gives each signature its own copy of every weight it rewrites (the real SmolLM2 fp16
+    file was larger than its fp32 source: the tied table, split into an fp32 lookup copy and an fp16 head copy,
+    was split again per signature); after the pass each is stored once and every output is unchanged."""
+    from litert_quantizer import qtyping, quantizer, recipe
+
+    from zoo.targets.litert_buffers import duplicate_buffers
+
+    module, inputs, fp32, folder = two_signatures
+    shared, note = quantize(fp32, PRECISIONS[precision], folder / f"{precision}.tflite")
+    # the same recipe without the pass: the negative control, duplicates and all
+    q = quantizer.Quantizer(str(fp32))
+    q.add_weight_only_config(regex=".*", operation_name=qtyping.TFLOperationName.ALL_SUPPORTED, num_bits=16,
+                             algorithm_key=recipe.AlgorithmName.FLOAT_CASTING)
+    q.update_quantization_recipe(regex=".*", operation_name=qtyping.TFLOperationName.EMBEDDING_LOOKUP,
+                                 algorithm_key=recipe.AlgorithmName.NO_QUANTIZE)
+    unshared = folder / f"{precision}-unshared.tflite"
+    q.quantize().export_model(str(unshared))
+    unshared_model, unshared_bytes = _stored_buffers(unshared)
+    shared_model, shared_bytes = _stored_buffers(shared)
+    assert duplicate_buffers(unshared_model), "the quantizer no longer duplicates: this pass may be unneeded"
+    assert not duplicate_buffers(shared_model) and "duplicate weight buffers shared" in note
+    assert shared_bytes < unshared_bytes and shared.stat().st_size < unshared.stat().st_size
+    target = LiteRTTarget()
+    for name, ids in inputs.items():
+        with target.open(shared) as a, target.open(unshared) as b:
+            assert np.array_equal(a.run(name, {"ids": ids.numpy()})["y"], b.run(name, {"ids": ids.numpy()})["y"])
+
+
+def test_same_bytes_read_as_another_shape_are_not_shared(two_signatures):
+    from litert_quantizer.utils import tfl_flatbuffer_utils
+
+    from zoo.targets.litert_buffers import duplicate_buffers
+
+    module, inputs, fp32, folder = two_signatures
+    shared, _ = quantize(fp32, PRECISIONS["fp16"], folder / "reshaped.tflite")
+    q_model = tfl_flatbuffer_utils.read_model(str(folder / "fp16-unshared.tflite"))
+    copies = duplicate_buffers(q_model)
+    copy = next(iter(copies))
+    for subgraph in q_model.subgraphs:
+        for tensor in subgraph.tensors:
+            if tensor.buffer == copy:
+                tensor.shape = [int(np.prod(tensor.shape))]   # same bytes, read as a flat vector
+    assert copy not in duplicate_buffers(q_model)

@@ -19,6 +19,7 @@ from zoo.bundle import ensure_free_space, expected_bundle_bytes
 from zoo.errors import ZooError
 from zoo.precision import Precision
 from zoo.targets import TARGET_PRECISIONS, Entry, NamedIO
+from zoo.targets.litert_buffers import share_identical_buffers
 
 ARTIFACT = "model.tflite"
 
@@ -86,7 +87,7 @@ def quantize(fp32_path: Path, precision: Precision, out_path: Path, keep_tables_
     else:
         raise ValueError(precision.name)
     q.quantize().export_model(str(out_path))
-    return out_path, note
+    return out_path, f"{note}; {share_identical_buffers(out_path)}"
 
 
 def _keep_lookup_tables(q) -> None:
