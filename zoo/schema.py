@@ -143,15 +143,21 @@ def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[
             if precision not in target_precisions.get(target, ()):
                 problems.append(f"component_precision.{component}.{target}: '{precision}' is not one of "
                                 f"{', '.join(target_precisions.get(target, ()))}")
-    for precision, thresholds in cfg.gates.items():
+    gate_tables = {f"gates.{precision}": thresholds for precision, thresholds in cfg.gates.items()}
+    for component, per_precision in (cfg.get("component_gates") or {}).items():
+        for precision, thresholds in (per_precision or {}).items():
+            if precision not in cfg.gates:
+                problems.append(f"component_gates.{component}.{precision}: no gates.{precision} to refine")
+            gate_tables[f"component_gates.{component}.{precision}"] = thresholds
+    for key, thresholds in gate_tables.items():
         if not hasattr(thresholds, "items"):
-            problems.append(f"gates.{precision}: must map metric names to thresholds, got {thresholds!r}")
+            problems.append(f"{key}: must map metric names to thresholds, got {thresholds!r}")
             continue
         for metric, threshold in thresholds.items():
             if metric not in METRICS:
-                problems.append(f"gates.{precision}.{metric}: unknown metric (known: {', '.join(METRICS)})")
+                problems.append(f"{key}.{metric}: unknown metric (known: {', '.join(METRICS)})")
             elif isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-                problems.append(f"gates.{precision}.{metric}: threshold must be a number, got {threshold!r}")
+                problems.append(f"{key}.{metric}: threshold must be a number, got {threshold!r}")
     for target, refusals in refused.items():
         if not hasattr(refusals, "items") or not all(isinstance(v, str) for v in refusals.values()):
             problems.append(f"refused_precisions.{target}: must map precisions to the reason (a string)")
