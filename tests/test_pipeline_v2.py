@@ -140,6 +140,10 @@ def test_every_model_config_validates():
     (lambda c: c["gates"]["fp32"].update(cosin=0.9), "gates.fp32.cosin: unknown metric"),
     (lambda c: c["gpu"].pop("fp32_only"), "gpu.fp16_rel_tol.fp32: missing"),      # fp16 GPU run not judged
     (lambda c: c["gates"]["bf16"].update(cosine="high"), "gates.bf16.cosine: threshold must be a number"),
+    (lambda c: c.update(component_gates={"encoder": {"fp32": {"cosin": 0.9}}}),
+     "component_gates.encoder.fp32.cosin: unknown metric"),
+    (lambda c: c.update(component_gates={"encoder": {"fp8": {"cosine": 0.9}}}),
+     "component_gates.encoder.fp8: no gates.fp8 to refine"),
 ])
 def test_broken_model_config_is_one_clear_error(tmp_path, edit, needle):
     from zoo.registry import validate_model_config

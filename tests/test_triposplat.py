@@ -292,9 +292,27 @@ def test_upstreams_bare_file_layout_loads_with_the_variants_architecture(tripo, 
     decoder = {k[len("decoder."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("decoder.")}
     (tmp_path / "vae").mkdir()
     save_file(decoder, str(tmp_path / "vae" / "triposplat_vae_decoder_fp16.safetensors"))
+    with pytest.raises(ZooError, match="clip_vision/dino_v3_vit_h.safetensors"):
+        weights.resolve(cfg, f"local:{tmp_path}", spec.tiny_dir, spec.random_checkpoint)
+    # the encoder files as released: DINOv3 with its mask token, the whole FLUX.2 VAE (decoder half, BN counter)
+    dino = {k[len("image_encoder."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items()
+            if k.startswith("image_encoder.")}
+    dino["embeddings.mask_token"] = torch.zeros_like(dino["embeddings.cls_token"])
+    vae = {k[len("vae_encoder."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items()
+           if k.startswith("vae_encoder.")}
+    vae.update({"decoder.conv_in.weight": torch.zeros(4, 8, 3, 3), "post_quant_conv.weight": torch.zeros(8, 8, 1, 1),
+                "bn.num_batches_tracked": torch.tensor(0)})
+    (tmp_path / "clip_vision").mkdir()
+    save_file(dino, str(tmp_path / "clip_vision" / "dino_v3_vit_h.safetensors"))
+    save_file(vae, str(tmp_path / "vae" / "flux2-vae.safetensors"))
     checkpoint = weights.resolve(cfg, f"local:{tmp_path}", spec.tiny_dir, spec.random_checkpoint)
     assert checkpoint.config == {} and sorted(checkpoint.provenance["files"]) == [
-        "diffusion_models/triposplat_fp16.safetensors", "vae/triposplat_vae_decoder_fp16.safetensors"]
+        "clip_vision/dino_v3_vit_h.safetensors", "diffusion_models/triposplat_fp16.safetensors",
+        "vae/flux2-vae.safetensors", "vae/triposplat_vae_decoder_fp16.safetensors"]
+    m = tripo["module"]                                     # the encoders load strictly, unused keys dropped by name
+    assert torch.equal(m.image_encoder_build(checkpoint, cfg).state_dict()["layer.0.attention.q_proj.weight"],
+                       dino["layer.0.attention.q_proj.weight"].float())
+    assert torch.equal(m.vae_encoder_build(checkpoint, cfg).state_dict()["bn.running_var"], vae["bn.running_var"].float())
     module = tripo["module"].dit_build(checkpoint, cfg)     # tiny variant's architecture, fp16 values in fp32
     assert torch.equal(module.state_dict()["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"].float())
     from models.triposplat import decoding                  # the decoder file's two parts load strictly as well
@@ -315,23 +333,30 @@ def test_hub_weights_fetch_upstreams_files_at_the_pinned_revision(tripo, loopbac
 
     state = {k[len("dit."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("dit.")}
     decoder = {k[len("decoder."):]: v.half() for k, v in tripo["checkpoint"].state_dict.items() if k.startswith("decoder.")}
+    encoders = {name: {k[len(name) + 1:]: v.half() for k, v in tripo["checkpoint"].state_dict.items()
+                       if k.startswith(name + ".")} for name in ("image_encoder", "vae_encoder")}
     files = {"diffusion_models/triposplat_fp16.safetensors": save(state),
              "vae/triposplat_vae_decoder_fp16.safetensors": save(decoder),
-             "clip_vision/dino_v3_vit_h.safetensors": b"an image encoder's file: not in the patterns, not fetched"}
+             "clip_vision/dino_v3_vit_h.safetensors": save(encoders["image_encoder"]),
+             "vae/flux2-vae.safetensors": save(encoders["vae_encoder"]),
+             "background_removal/birefnet.safetensors": b"BiRefNet's file: not in the patterns, not fetched"}
     sha = loopback.seed_repo("zoo-test/triposplat-tiny", files)
     cfg = tripo["cfg"].copy()
     cfg.variants.tiny.hub = {"repo_id": "zoo-test/triposplat-tiny", "revision": None,
                              "patterns": ["diffusion_models/triposplat_fp16.safetensors",
-                                          "vae/triposplat_vae_decoder_fp16.safetensors"]}
+                                          "vae/triposplat_vae_decoder_fp16.safetensors",
+                                          "clip_vision/dino_v3_vit_h.safetensors", "vae/flux2-vae.safetensors"]}
     spec = get_spec(cfg)
     with pytest.raises(ZooError, match="revision"):
         resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
     cfg.variants.tiny.hub.revision = sha
     checkpoint = resolve(cfg, "hub", spec.tiny_dir, spec.random_checkpoint)
     assert checkpoint.provenance["revision"] == sha and checkpoint.is_real and checkpoint.config == {}
-    assert sorted(checkpoint.provenance["files"]) == ["diffusion_models/triposplat_fp16.safetensors",
+    assert sorted(checkpoint.provenance["files"]) == ["clip_vision/dino_v3_vit_h.safetensors",
+                                                      "diffusion_models/triposplat_fp16.safetensors",
+                                                      "vae/flux2-vae.safetensors",
                                                       "vae/triposplat_vae_decoder_fp16.safetensors"]
-    assert not (Path(checkpoint.provenance["path"]) / "clip_vision").exists()
+    assert not (Path(checkpoint.provenance["path"]) / "background_removal").exists()
     module = tripo["module"].dit_build(checkpoint, cfg)
     assert torch.equal(module.state_dict()["out_layer.weight"], state["out_layer.weight"].float())
 
@@ -345,6 +370,7 @@ def test_real_architecture_has_upstreams_559_keys_and_370_5_m_params(tripo):
 
     cfg = tripo["cfg"].copy()
     cfg.variant = "real"
+    cfg.random_parts = ["dit"]      # not the 0.84 G-parameter DINOv3 (tests/test_triposplat_encoders.py sizes it)
     checkpoint = weights.resolve(cfg, "random", get_spec(cfg).tiny_dir, get_spec(cfg).random_checkpoint)
     module = tripo["module"].dit_build(checkpoint, cfg)
     assert len(module.state_dict()) == 559
@@ -354,37 +380,67 @@ def test_real_architecture_has_upstreams_559_keys_and_370_5_m_params(tripo):
 # ---------------------------------------------------------------- zoo generate over the converted bundles (decoders' owner)
 
 
+def test_encoders_convert_and_pass_their_gates_on_both_targets(converted):
+    """The image encoders in the same fp32 run (tests/test_triposplat_encoders.py holds the rest of their tests):
+    feature1 / feature2 of each saved artifact vs the library reference (transformers DINOv3ViTModel, diffusers
+    AutoencoderKLFlux2) by cosine and rel_max_abs (component_gates), and on LiteRT GPU-resident with the GPU's
+    fp32 run matching the CPU interpreter."""
+    folder = background_convert.finished(converted)
+    for component in ("image-encoder", "vae-encoder"):
+        for target in ("coreai", "litert"):
+            report = json.loads((folder / component / f"{target}-fp32" / "report.json").read_text())
+            assert report["status"] == "passed", report.get("error") or report["gates"]
+            metrics = {g["metric"]: g["value"] for g in report["gates"]}
+            assert metrics["cosine"] >= 0.999999 and metrics["rel_max_abs"] <= 1e-4
+            if target == "litert":
+                assert metrics["gpu_resident"] == 1 and metrics["gpu_fp32_rel_err"] <= 1e-4
+
+
 @pytest.mark.parametrize("target", ["litert", "coreai"])
-def test_generate_writes_a_splat_ply_from_the_three_bundles(converted, target, tripo, tmp_path, run_cli):
-    """`zoo generate triposplat --bundles DIR --out splats.ply`: the DiT sampler and both decoders from the saved
-    bundles; the file parses back as a 3DGS .ply with the expected count, and matches the eager decode of the eager
-    sampler's latent (same seeds: the same octree points, values to conversion noise)."""
-    import models.triposplat.decoding as decoding
-    from models.triposplat import octree, ply
+def test_generate_writes_a_splat_ply_from_an_image_through_the_five_bundles(converted, target, tripo, tmp_path, run_cli):
+    """`zoo generate triposplat --bundles DIR --image cutout.png --out splats.ply`: the two encoders, the DiT sampler
+    and both decoders from the saved bundles; the file parses back as a 3DGS .ply with the expected count, and
+    matches the same chain over the eager references (library encoders, port DiT and decoders; same seeds)."""
+    from PIL import Image
+
+    from models.triposplat import bundles, encoders, image_input, ply
 
     folder = background_convert.finished(converted)
+    Image.fromarray(encoders.test_card(150), "RGBA").save(tmp_path / "cutout.png")
     out = tmp_path / f"splats-{target}.ply"
-    result = run_cli("zoo.generate", "triposplat", "--bundles", str(folder), "--target", target, "--out", str(out))
+    result = run_cli("zoo.generate", "triposplat", "--bundles", str(folder), "--target", target,
+                     "--image", str(tmp_path / "cutout.png"), "--out", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2048 Gaussians" in result.stdout and "seeded stand-ins" in result.stdout
+    assert "2048 Gaussians" in result.stdout and "cutout.png (64² composite)" in result.stdout
     splats = ply.read_ply(out)
     assert list(splats) == ply.PROPERTIES and all(v.shape == (2048,) for v in splats.values())
     cfg, checkpoint = tripo["cfg"], tripo["checkpoint"]
-    latent = tripo["module"].eager_run(checkpoint, cfg).final["latent"]
-    oct_model, gs_model = decoding.octree_reference(checkpoint, cfg), decoding.gaussian_reference(checkpoint, cfg)
-    gaussians, _, _ = octree.decode_latent(lambda kw: oct_model(**kw), lambda kw: gs_model(**kw), latent,
-                                           decoding.decoder_facts(checkpoint, cfg), torch.Generator().manual_seed(int(cfg.seed)))
+    image = image_input.load(tmp_path / "cutout.png", tripo["module"].encoder_image_size(checkpoint, cfg))
+    gaussians, _ = bundles.chain(bundles.eager_chain(checkpoint, cfg), image, int(cfg.seed))
     eager = ply.read_ply(ply.ply_bytes(ply.ply_arrays(gaussians)))
     for name in ("x", "y", "z", "f_dc_0", "opacity", "scale_0", "rot_0"):
         np.testing.assert_allclose(splats[name], eager[name], atol=2e-3, err_msg=name)
 
 
-def test_generate_refuses_an_image_a_prompt_or_another_format(converted, tmp_path, run_cli):
+def test_generate_refuses_bad_images_a_prompt_or_another_format(converted, tmp_path, run_cli):
+    """Exit 2, one paragraph, no traceback: no --image, an RGB photo (no BiRefNet here: the fix is named), a file
+    that is not an image, a missing file, a --prompt, a non-.ply output."""
+    from PIL import Image
+
+    from models.triposplat import encoders
+
     folder = background_convert.finished(converted)
+    Image.fromarray(encoders.test_card(80), "RGBA").save(tmp_path / "cutout.png")
+    Image.fromarray(encoders.test_card(80)[..., :3], "RGB").save(tmp_path / "photo.png")
+    (tmp_path / "notes.png").write_text("not an image")
     base = ["zoo.generate", "triposplat", "--bundles", str(folder), "--target", "litert"]
-    for extra, text in ((["--image", str(tmp_path / "a.png"), "--out", str(tmp_path / "a.ply")], "takes no --image"),
-                        (["--prompt", "a chair", "--out", str(tmp_path / "a.ply")], "takes no --prompt"),
-                        (["--out", str(tmp_path / "a.gif")], "writes 3D Gaussian Splatting .ply")):
+    cutout, out = ["--image", str(tmp_path / "cutout.png")], ["--out", str(tmp_path / "a.ply")]
+    for extra, text in ((out, "needs --image"),
+                        (["--image", str(tmp_path / "photo.png"), *out], "remove the background first"),
+                        (["--image", str(tmp_path / "notes.png"), *out], "could not be read as an image"),
+                        (["--image", str(tmp_path / "missing.png"), *out], "is not a file"),
+                        ([*cutout, "--prompt", "a chair", *out], "takes no --prompt"),
+                        ([*cutout, "--out", str(tmp_path / "a.gif")], "writes 3D Gaussian Splatting .ply")):
         result = run_cli(*base, *extra)
         said = result.stdout + result.stderr
         assert result.returncode == 2 and text in " ".join(said.split()) and "Traceback" not in said, said

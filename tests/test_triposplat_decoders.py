@@ -403,7 +403,7 @@ def test_host_decode_through_named_graphs_reproduces_upstreams_decode(golden, ti
 
 def test_pipeline_request_is_checked_against_what_the_pipeline_takes(tmp_path):
     """zoo.generate_pipeline.check_request (ModelSpec.pipeline_inputs): a text pipeline needs --prompt and refuses
-    --image; TripoSplat (no image encoders yet) refuses both; an image that is not a file is named."""
+    --image; TripoSplat needs --image and refuses --prompt; an image that is not a file is named."""
     from models.triposplat.bundles import run_bundles
     from zoo.generate_pipeline import check_request
 
@@ -412,10 +412,12 @@ def test_pipeline_request_is_checked_against_what_the_pipeline_takes(tmp_path):
         check_request("ltx-video", ("prompt",), "  ", None)
     with pytest.raises(ZooError, match="takes no --image"):
         check_request("ltx-video", ("prompt",), "a cat", tmp_path / "a.png")
-    check_request("triposplat", (), None, None)
-    for prompt, image in (("a chair", None), (None, tmp_path / "a.png")):
-        with pytest.raises(ZooError, match="takes no --"):
-            check_request("triposplat", (), prompt, image)
+    (tmp_path / "cutout.png").write_bytes(b"")     # check_request only asks for a file; image_input reads it
+    check_request("triposplat", ("image",), None, tmp_path / "cutout.png")
+    with pytest.raises(ZooError, match="needs --image"):
+        check_request("triposplat", ("image",), None, None)
+    with pytest.raises(ZooError, match="takes no --prompt"):
+        check_request("triposplat", ("image",), "a chair", tmp_path / "cutout.png")
     with pytest.raises(ZooError, match="is not a file"):
         check_request("some-image-model", ("image",), None, tmp_path / "missing.png")
     with pytest.raises(ZooError, match=r"\.ply"):     # checked before any session is used

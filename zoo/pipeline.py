@@ -263,7 +263,7 @@ def _stages(target, component, cfg, checkpoint, module, inputs, reference_output
         runner = target.open(path)
         try:
             ctx = VerifyContext(runner, component.session(runner, target.name), target.name, to_numpy(inputs),
-                                reference_outputs, _thresholds(cfg, precision), checkpoint, cfg, staging,
+                                reference_outputs, thresholds_for(cfg, precision.name, component.name), checkpoint, cfg, staging,
                                 evidence={"model": cfg.name, "component": component.name})
             verify = component.verify or default_verify
             gate_results, details = verify(ctx)
@@ -304,12 +304,14 @@ def _compress_options(cfg) -> dict:
             "int8_recipe": str((cfg.get("litert") or {}).get("int8_recipe", "dynamic"))}
 
 
-def _thresholds(cfg, precision: Precision) -> dict[str, float]:
-    thresholds = cfg.gates.get(precision.name)
+def thresholds_for(cfg, precision: str, component: str) -> dict[str, float]:
+    """gates.<precision>, with component_gates.<component>.<precision> merged over it."""
+    thresholds = cfg.gates.get(precision)
     if not thresholds:
-        raise ZooError(f"Model '{cfg.name}' has no gate thresholds for {precision.name}.",
-                       f"add gates.{precision.name} to the model's config.yaml.")
-    return {k: float(v) for k, v in thresholds.items()}
+        raise ZooError(f"Model '{cfg.name}' has no gate thresholds for {precision}.",
+                       f"add gates.{precision} to the model's config.yaml.")
+    own = ((cfg.get("component_gates") or {}).get(component) or {}).get(precision) or {}
+    return {k: float(v) for k, v in {**thresholds, **own}.items()}
 
 
 def _weights_summary(checkpoint: weights.Checkpoint) -> dict:

@@ -132,7 +132,7 @@ class ModelSpec:
     run_pipeline: Callable | None = None
     # What its run_pipeline takes from the command line: "prompt" (text) and/or "image" (a file path). zoo generate
     # refuses what a pipeline does not take and asks for what it needs before any bundle is opened; run_pipeline
-    # gets prompt=None when it takes none (TripoSplat until its image encoders are components).
+    # gets prompt=None when it takes none (TripoSplat: "image" only, an RGBA cut-out).
     pipeline_inputs: tuple[str, ...] = ("prompt",)
 
     def component(self, name: str) -> Component:

@@ -111,6 +111,9 @@ class ModelConfig:
     # ("Value 'AnyNode' is not a supported primitive type"); check_semantics checks their values instead.
     refused_precisions: dict[str, Any] = field(default_factory=dict)   # target -> {precision: reason}
     gates: dict[str, Any] = MISSING                                     # precision -> {metric: threshold}
+    # component -> {precision: {metric: threshold}}, merged over `gates` for that component's bundles (TripoSplat's
+    # image encoders are gated on cosine and rel_max_abs; its DiT and decoders keep the model-wide thresholds)
+    component_gates: dict[str, Any] = field(default_factory=dict)
     gpu: GpuSection = field(default_factory=GpuSection)
     bench: BenchSection = field(default_factory=BenchSection)
     coreai: CoreAIOptions = field(default_factory=CoreAIOptions)
@@ -141,15 +144,21 @@ def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[
             if precision not in target_precisions.get(target, ()):
                 problems.append(f"component_precision.{component}.{target}: '{precision}' is not one of "
                                 f"{', '.join(target_precisions.get(target, ()))}")
-    for precision, thresholds in cfg.gates.items():
+    gate_tables = {f"gates.{precision}": thresholds for precision, thresholds in cfg.gates.items()}
+    for component, per_precision in (cfg.get("component_gates") or {}).items():
+        for precision, thresholds in (per_precision or {}).items():
+            if precision not in cfg.gates:
+                problems.append(f"component_gates.{component}.{precision}: no gates.{precision} to refine")
+            gate_tables[f"component_gates.{component}.{precision}"] = thresholds
+    for key, thresholds in gate_tables.items():
         if not hasattr(thresholds, "items"):
-            problems.append(f"gates.{precision}: must map metric names to thresholds, got {thresholds!r}")
+            problems.append(f"{key}: must map metric names to thresholds, got {thresholds!r}")
             continue
         for metric, threshold in thresholds.items():
             if metric not in METRICS:
-                problems.append(f"gates.{precision}.{metric}: unknown metric (known: {', '.join(METRICS)})")
+                problems.append(f"{key}.{metric}: unknown metric (known: {', '.join(METRICS)})")
             elif isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-                problems.append(f"gates.{precision}.{metric}: threshold must be a number, got {threshold!r}")
+                problems.append(f"{key}.{metric}: threshold must be a number, got {threshold!r}")
     for target, refusals in refused.items():
         if not hasattr(refusals, "items") or not all(isinstance(v, str) for v in refusals.values()):
             problems.append(f"refused_precisions.{target}: must map precisions to the reason (a string)")

@@ -100,7 +100,7 @@ def rerun_gates(folder: Path, manifest: dict) -> list:
     """The bundle's gates, on this machine, from what the bundle records (no re-conversion)."""
     from omegaconf import OmegaConf
 
-    from zoo.pipeline import VerifyContext, default_verify, run_module, to_numpy
+    from zoo.pipeline import VerifyContext, default_verify, run_module, thresholds_for, to_numpy
     from zoo.registry import get_spec
     from zoo.targets import get_target
     from zoo.weights import built_from, resolve
@@ -115,7 +115,7 @@ def rerun_gates(folder: Path, manifest: dict) -> list:
         reference = component.reference(checkpoint, cfg)
         inputs = component.example_inputs(checkpoint, cfg)
     reference_outputs = run_module(reference, inputs, component.output_names)
-    thresholds = {k: float(v) for k, v in (cfg.gates.get(manifest["precision"]) or {}).items()}
+    thresholds = thresholds_for(cfg, manifest["precision"], component.name)
     target = get_target(manifest["target"])
     runner = target.open(folder / target.artifact)
     try:

@@ -12,8 +12,10 @@ triposplat_fp16.safetensors) and `decoder/` (upstream OctreeGaussianDecoder keys
 upstream-made golden checkpoint in models/triposplat/tiny (scripts/make_triposplat_goldens.py).
 
 Conditioning: the DiT takes upstream's conditioning tensors (DINOv3 features `feature1`, FLUX.2 VAE latent
-`feature2`) as graph inputs. Until the image encoders are components, the gates and the tiny pipeline use
-seeded stand-ins of the right shapes and statistics (`seeded_conditioning`).
+`feature2`) as graph inputs; the `image-encoder` and `vae-encoder` components make them from an RGBA cut-out
+(models/triposplat/encoders.py, checkpoint parts `image_encoder` and `vae_encoder`), and `zoo generate` chains
+all five bundles. The DiT's own gates keep seeded stand-ins of the right shapes and statistics
+(`seeded_conditioning`): its teacher-forced steps need no encoder run, and its gate figures stay comparable.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from models.triposplat import decoding
+from models.triposplat import encoders as enc
+from models.triposplat import image_input
 from models.triposplat import sampler as flow
 from models.triposplat.dit import INPUT_NAMES, OUTPUT_NAMES, SOBOL_SEED, DiTConfig, LatentSeqMMFlowModel
 from zoo import gates
@@ -226,6 +230,114 @@ def seeded_dit_state(dit_cfg: DiTConfig, seed: int) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in LatentSeqMMFlowModel(dit_cfg).state_dict().items()}
 
 
+# ---------------------------------------------------------------- image encoders (models/triposplat/encoders.py)
+
+IMAGE_PART, VAE_PART = "image_encoder", "vae_encoder"
+
+
+def dino_config(checkpoint: Checkpoint, cfg) -> enc.DinoConfig:
+    """The part's own config.json (tiny), else the variant's architecture (upstream's file carries none)."""
+    return enc.DinoConfig.from_dict(dict(checkpoint.config.get(IMAGE_PART) or {}) or architecture(cfg, IMAGE_PART))
+
+
+def vae_config(checkpoint: Checkpoint, cfg) -> enc.VaeConfig:
+    return enc.VaeConfig.from_dict(dict(checkpoint.config.get(VAE_PART) or {}) or architecture(cfg, VAE_PART))
+
+
+def encoder_image_size(checkpoint: Checkpoint, cfg) -> int:
+    """The square canvas the conditioning token count implies (4101 -> 1024², 21 -> 64²); the VAE's 16x
+    reduction (8x encoder, 2x2 patchify) must land on the same token grid."""
+    return enc.image_size_for(int(cfg.cond_tokens), dino_config(checkpoint, cfg).patch_size)
+
+
+def encoder_state(checkpoint: Checkpoint, name: str) -> dict[str, torch.Tensor]:
+    return enc.clean_state(part(checkpoint, name)[1])
+
+
+def image_encoder_build(checkpoint: Checkpoint, cfg) -> nn.Module:
+    e = cfg.encoders
+    module = enc.ImageEncoder(dino_config(checkpoint, cfg), encoder_image_size(checkpoint, cfg), int(e.attention_chunk),
+                              tuple(float(v) for v in e.pixel_mean), tuple(float(v) for v in e.pixel_std))
+    return load_strict(module, encoder_state(checkpoint, IMAGE_PART)).eval()
+
+
+def image_encoder_reference(checkpoint: Checkpoint, cfg) -> nn.Module:
+    """transformers DINOv3ViTModel on the same weights, with upstream's ImageNet constants (never the config's)."""
+    return enc.ReferenceImageEncoder(dino_config(checkpoint, cfg), encoder_image_size(checkpoint, cfg),
+                                     encoder_state(checkpoint, IMAGE_PART)).eval()
+
+
+def vae_encoder_build(checkpoint: Checkpoint, cfg) -> nn.Module:
+    module = enc.VaeEncoder(vae_config(checkpoint, cfg), int(cfg.encoders.attention_chunk), str(cfg.encoders.patch_order))
+    return load_strict(module, encoder_state(checkpoint, VAE_PART)).eval()
+
+
+def vae_encoder_reference(checkpoint: Checkpoint, cfg) -> nn.Module:
+    """diffusers AutoencoderKLFlux2 on the same weights, upstream's sampling / patchify / normalisation around it."""
+    return enc.ReferenceVaeEncoder(vae_config(checkpoint, cfg), encoder_state(checkpoint, VAE_PART)).eval()
+
+
+def gate_image(checkpoint: Checkpoint, cfg) -> torch.Tensor:
+    """The encoders' gate input: the fixed RGBA test card (encoders.test_card, drawn at twice the canvas so the
+    resize does work) through upstream's preprocessing (image_input.prepare)."""
+    from PIL import Image
+
+    size = encoder_image_size(checkpoint, cfg)
+    return image_input.prepare(Image.fromarray(enc.test_card(2 * size), "RGBA"), size, "the gate's test card")
+
+
+def image_encoder_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tensor]:
+    return {"image": gate_image(checkpoint, cfg)}
+
+
+def vae_encoder_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tensor]:
+    """The test card and the posterior noise upstream's seeded generator draws first (encoders.pipeline_noise)."""
+    size = encoder_image_size(checkpoint, cfg)
+    generator = torch.Generator().manual_seed(int(cfg.seed))
+    return {"image": gate_image(checkpoint, cfg),
+            "noise": torch.randn(enc.vae_noise_shape(vae_config(checkpoint, cfg), size), generator=generator)}
+
+
+def encoder_extra_files(checkpoint: Checkpoint, cfg, bundle_dir: Path) -> None:
+    """What the host needs to feed the encoder bundles: the canvas size, the VAE noise shape."""
+    size = encoder_image_size(checkpoint, cfg)
+    facts = {"image_size": size, "cond_tokens": int(cfg.cond_tokens),
+             "vae_noise_shape": list(enc.vae_noise_shape(vae_config(checkpoint, cfg), size))}
+    (bundle_dir / ENCODER_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+
+
+ENCODER_FILE = "encoder.json"
+
+
+@dataclass
+class EncoderSection:
+    """config.yaml `encoders:`."""
+
+    attention_chunk: int = 0    # query chunk of DINOv3's and the VAE's attention (0: none); real size needs one
+    # upstream's ImageNet constants; anything else is the image-encoder gate's negative control (README)
+    pixel_mean: list = field(default_factory=lambda: list(enc.IMAGENET_MEAN))
+    pixel_std: list = field(default_factory=lambda: list(enc.IMAGENET_STD))
+    patch_order: str = "upstream"   # transposed: the vae-encoder gate's negative control (dy and dx swapped)
+
+
+def seeded_image_encoder_part(cfg, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    config = architecture(cfg, IMAGE_PART)
+    return config, enc.seeded_dino_state(enc.DinoConfig.from_dict(config), seed)
+
+
+def seeded_vae_encoder_part(cfg, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    config = architecture(cfg, VAE_PART)
+    return config, enc.seeded_vae_state(enc.VaeConfig.from_dict(config), seed)
+
+
+ENCODER_COMPONENTS = [
+    Component(name="image-encoder", build=image_encoder_build, reference=image_encoder_reference,
+              example_inputs=image_encoder_inputs, output_names=["feature1"], extra_files=encoder_extra_files),
+    Component(name="vae-encoder", build=vae_encoder_build, reference=vae_encoder_reference,
+              example_inputs=vae_encoder_inputs, output_names=["feature2"], extra_files=encoder_extra_files),
+]
+
+
 # ---------------------------------------------------------------- weights
 
 
@@ -234,12 +346,23 @@ def seeded_dit_state(dit_cfg: DiTConfig, seed: int) -> dict[str, torch.Tensor]:
 RANDOM_PARTS = {"dit": lambda cfg, seed: (architecture(cfg, "dit"),
                                           seeded_dit_state(DiTConfig.from_dict(architecture(cfg, "dit")), seed))}
 RANDOM_PARTS["decoder"] = decoding.random_decoder_part
+RANDOM_PARTS[IMAGE_PART] = seeded_image_encoder_part
+RANDOM_PARTS[VAE_PART] = seeded_vae_encoder_part
 
 
 def random_checkpoint(cfg) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Every part at the variant's architecture with seeded default-init weights (for benchmarks, not for use)."""
+    """Every part (or `model.random_parts`) at the variant's architecture with seeded default-init weights (for
+    benchmarks, not for use). At real size the DINOv3 ViT-H+ part alone is ~0.84 G parameters (3.4 GB in fp32), so
+    a DiT- or decoder-only run can leave the encoders out: `model.random_parts=[dit,decoder]`."""
+    chosen = list(cfg.random_parts or RANDOM_PARTS)
+    unknown = sorted(set(chosen) - set(RANDOM_PARTS))
+    if unknown:
+        raise ZooError(f"model.random_parts names {', '.join(unknown)}: the parts are {', '.join(RANDOM_PARTS)}.",
+                       "name parts from that list (or leave it empty for all).")
     config, state = {}, {}
     for name, make in RANDOM_PARTS.items():
+        if name not in chosen:
+            continue
         part_config, part_state = make(cfg, int(cfg.seed))
         config[name] = part_config
         state.update({f"{name}.{k}": v for k, v in part_state.items()})
@@ -276,9 +399,12 @@ class TripoSplatModelConfig(ModelConfig):
     per_step_gate: PerStepGateSection = field(default_factory=PerStepGateSection)
     # ---- decoder keys (models/triposplat/decoders.py) go below this line ----
     decoders: decoding.DecoderSection = field(default_factory=decoding.DecoderSection)
+    encoders: EncoderSection = field(default_factory=EncoderSection)
+    random_parts: list = field(default_factory=list)   # weights=random: the parts to make (empty: all)
 
 
 COMPONENTS = [
+    *ENCODER_COMPONENTS,   # image-encoder, vae-encoder: an RGBA cut-out -> feature1, feature2
     Component(name="dit", build=dit_build, reference=dit_reference, example_inputs=dit_example_inputs,
               output_names=list(OUTPUT_NAMES), verify=dit_verify, extra_files=dit_extra_files),
     # ---- decoder components are appended here (octree-decoder, gaussian-decoder) ----
@@ -286,7 +412,7 @@ COMPONENTS = [
 ]
 
 def run_pipeline(*args, **kwargs) -> str:
-    """`zoo generate triposplat --bundles DIR --out splats.ply` (models/triposplat/bundles.py)."""
+    """`zoo generate triposplat --bundles DIR --image cutout.png --out splats.ply` (models/triposplat/bundles.py)."""
     from models.triposplat.bundles import run_bundles
 
     return run_bundles(*args, **kwargs)
@@ -294,7 +420,7 @@ def run_pipeline(*args, **kwargs) -> str:
 
 SPEC = ModelSpec(
     name="triposplat",
-    summary="TripoSplat image-to-3D Gaussians: 370 M rectified-flow DiT (decoders: see README)",
+    summary="TripoSplat image-to-3D Gaussians: DINOv3 + FLUX.2 VAE encoders, 370 M rectified-flow DiT, decoders",
     components=COMPONENTS,
     tiny_dir=TINY_DIR,
     random_checkpoint=random_checkpoint,
@@ -302,5 +428,5 @@ SPEC = ModelSpec(
     pipeline_tag="image-to-3d",
     license="mit",
     run_pipeline=run_pipeline,
-    pipeline_inputs=(),   # no image yet: the image encoders are not components (bundles.py says so in its summary)
+    pipeline_inputs=("image",),   # an RGBA cut-out (models/triposplat/image_input.py; no BiRefNet: README)
 )
