@@ -30,6 +30,7 @@ from torch import nn
 
 from models.triposplat import decoding
 from models.triposplat import sampler as flow
+from models.triposplat.real_size import REAL_SIZE
 from models.triposplat.dit import INPUT_NAMES, OUTPUT_NAMES, SOBOL_SEED, DiTConfig, LatentSeqMMFlowModel
 from zoo import gates
 from zoo.errors import ZooError
@@ -303,4 +304,5 @@ SPEC = ModelSpec(
     license="mit",
     run_pipeline=run_pipeline,
     pipeline_inputs=(),   # no image yet: the image encoders are not components (bundles.py says so in its summary)
+    real_size=REAL_SIZE,   # `make real-size MODEL=triposplat` (models/triposplat/real_size.py)
 )
