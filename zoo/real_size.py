@@ -292,6 +292,7 @@ def parse(argv):
     parser.add_argument("--layers", type=int, help="layers per network (a quick look; the table needs all)")
     parser.add_argument("--no-checks", "--no-blocks", dest="no_checks", action="store_true",
                         help="skip the numeric checks")
+    parser.add_argument("--no-rows", action="store_true", help="only the numeric checks (convert no bundle)")
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument("--resume", action="store_true",
                         help="keep the converted rows of an interrupted run (real_size.partial.json)")
@@ -325,7 +326,7 @@ def main(argv=None) -> int:
         return 0
     # A look (fewer layers, one component or target, other config) never overwrites the committed table,
     # unless the caller names the files.
-    look = bool(args.layers or args.only or len(targets) < 2 or args.overrides)
+    look = bool(args.layers or args.only or len(targets) < 2 or args.overrides or args.no_rows or args.no_checks)
     writes = not look or args.results is not None
     started = time.perf_counter()
     rows, blocks = [], []
@@ -336,7 +337,7 @@ def main(argv=None) -> int:
     scratch_root.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch_root) as scratch:
         for i, (component, variant, target, precision) in enumerate(hook.rows):
-            if (args.only and component != args.only) or target not in targets:
+            if (args.only and component != args.only) or target not in targets or args.no_rows:
                 continue
             print(f"[real-size] {component} {variant} {target} {precision} ...", flush=True)
             key = (component, variant, target, precision, None)
