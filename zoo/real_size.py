@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from zoo.cli import returns_exit_code, run_script
 from zoo.errors import ZooError
 
 START, END = "<!-- real-size:start -->", "<!-- real-size:end -->"
@@ -303,6 +304,7 @@ def parse(argv):
     return parser.parse_args(argv)
 
 
+@returns_exit_code  # bad input exits 2 with one paragraph and its fix; bugs keep their traceback
 def main(argv=None) -> int:
     args = parse(argv)
     folder, hook = hook_of(args.model)
@@ -382,6 +384,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from zoo.cli import returns_exit_code, run_script
-
-    run_script(returns_exit_code(main))
+    run_script(main)
