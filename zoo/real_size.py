@@ -27,6 +27,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -184,6 +185,7 @@ def check_row(model: str, overrides: list[str], component: str, variant: str, ta
     out = out if isinstance(out, (tuple, list)) else (out,)
     expected = {name: o.float().numpy() for name, o in zip(outputs, out)}
     eager_s = time.perf_counter() - started
+    print(f"[real-size]   eager call {eager_s:.0f} s; converting", flush=True)   # a real-size check runs for minutes
     del out
     built.reference = None   # a separate reference is no longer needed: free it before converting
     entries = [Entry("main", target.prepare(module, fp32, {}), inputs, outputs)]
@@ -194,6 +196,7 @@ def check_row(model: str, overrides: list[str], component: str, variant: str, ta
     artifact = target.convert(entries, target.export(entries), dest, **_convert_options(cfg))
     path = target.save(artifact, dest, {"description": f"{model} {component} check"})
     convert_s = time.perf_counter() - started
+    print(f"[real-size]   converted in {convert_s:.0f} s; one call of the saved artifact", flush=True)
     feed = {k: v.numpy() for k, v in inputs.items()}
     del artifact, entries, inputs
     gc.collect()
@@ -351,8 +354,7 @@ def main(argv=None) -> int:
             rows.append(row)
             if writes:
                 partial.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
-            for leftover in Path(scratch, str(i)).glob("*"):
-                leftover.unlink() if leftover.is_file() else None
+            shutil.rmtree(Path(scratch, str(i)), ignore_errors=True)   # a real-size bundle is GBs: free the disk
         if not args.no_checks:
             for i, (component, variant, target, layers) in enumerate(hook.checks):
                 if (args.only and component != args.only) or target not in targets:
@@ -368,6 +370,7 @@ def main(argv=None) -> int:
                     block = {"component": component, "variant": variant, "target": target, "error": block["error"]}
                 print(f"[real-size]   {json.dumps(block)}", flush=True)
                 blocks.append(block)
+                shutil.rmtree(Path(scratch, f"c{i}"), ignore_errors=True)
     results = {"date": time.strftime("%Y-%m-%d"), "wall_min": (time.perf_counter() - started) / 60,
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
                "layers": args.layers or hook.full_layers, "rows": rows, "blocks": blocks}
