@@ -100,7 +100,8 @@ INTRO = """The 24-block DiT and both real decoders converted on this 24 GB machi
 attention (chunk 2048, `model.attention_chunk` / `model.decoders.attention_chunk`; without it Core AI exceeded 19 GB
 and LiteRT needed 14.8 GB for the DiT, models.md); on Core AI the torch weights and the exported program are released
 before conversion and save. LiteRT fp16 comes from litert-quantizer on the fp32 flatbuffer. Numerics (second table): one
-full-size LiteRT DiT call compared with eager, and per block on Core AI, whose CPU runtime took 34 min for one full
+full-size LiteRT DiT call compared with eager; the rest per block at the real token and query counts (the DiT's
+refiners + 1 of its 24 blocks, 1 block of each decoder), since the Core AI CPU runtime took 34 min for one full
 real-size DiT call here (models.md). Not run at real size: the LiteRT GPU check (GPU creation needs chunk 256)."""
 
 REAL_SIZE = RealSize(
