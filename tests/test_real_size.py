@@ -64,6 +64,7 @@ def test_a_row_and_a_check_through_the_real_code_path(tmp_path):
     check = real_size.check_row("triposplat", TINY, "dit", "real", "coreai", 1, str(tmp_path / "check"))
     assert check["passed"] and check["cosine"] >= check["floor"] == 0.999999, check
     assert check["block"].startswith("refiners + 1 of 2 blocks, 86 tokens")
+    assert row["variant"] == check["variant"] == "tiny"   # what was built, not the declared row's "real"
 
 
 def test_check_under_its_floor_fails_the_run(tmp_path):

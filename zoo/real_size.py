@@ -95,7 +95,8 @@ def convert_row(model: str, overrides: list[str], component: str, variant: str, 
     _, hook = hook_of(model)
     cfg = real_config(model, variant, overrides)
     log, target, precision = StageLog(), get_target(target_name), PRECISIONS[precision_name]
-    row = {"component": component, "variant": variant, "target": target_name, "precision": precision_name,
+    # the variant the config resolved to (an override such as model.variant=tiny wins over the declared row's)
+    row = {"component": component, "variant": str(cfg.variant), "target": target_name, "precision": precision_name,
            "layers": layers or "all"}
     dest = Path(out_dir)
     dest.mkdir(parents=True, exist_ok=True)
@@ -209,7 +210,7 @@ def check_row(model: str, overrides: list[str], component: str, variant: str, ta
         runner.close()
     cosine, rel = compare(got, expected, outputs)
     floor = float(cfg.gates.fp32.cosine)
-    return {"component": component, "variant": variant, "target": target_name, "block": what,
+    return {"component": component, "variant": str(cfg.variant), "target": target_name, "block": what,
             "params_m": params_m, "cosine": cosine, "floor": floor,
             "passed": bool(cosine >= floor),  # NaN fails
             "rel_max_abs": rel, "convert_s": round(convert_s, 1), "run_s": round(run_s, 1), "eager_s": round(eager_s, 1)}
