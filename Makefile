@@ -7,7 +7,7 @@ WEIGHTS   ?=
 OUT       ?= exports
 STAMP     := .venv/.zoo-installed
 
-.PHONY: setup convert convert-all catalog demo test test-slow test-scaleout bench list gpu-table clean
+.PHONY: setup convert convert-all catalog demo test test-slow test-scaleout bench real-size list gpu-table clean
 
 VULKAN    := .cache/vulkan/lvp_icd.json
 
@@ -58,6 +58,12 @@ test-slow: setup
 ## (TARGET=/PRECISION= narrow the run: only those rows are replaced, the others keep their earlier run)
 bench: setup
 	$(PY) -m zoo.bench model=$(MODEL) target=$(TARGET) precision=$(PRECISION)
+
+## the model at real size (its ModelSpec.real_size rows, each in a fresh process): conversion time, peak RSS, size and
+## fp32 numerics; regenerates models/<model>/real_size.json and its README "Real size" block. ARGS= passes more
+## (--resume, --readme-only, --only dit, --targets litert)
+real-size: setup
+	$(PY) -m zoo.real_size $(MODEL) $(ARGS)
 
 ## regenerate docs/gpu-table.md: every rewrite before/after on the LiteRT GPU delegate (software Vulkan)
 gpu-table: setup

@@ -5,6 +5,7 @@
     zoo convert module=mypkg.models:build fix=true       # any nn.Module, gated against itself
     zoo convert-all [model=t5,gqa-llm] [--force] [hydra/launcher=joblib|ray|submitit_local|submitit_slurm]
     zoo catalog                                          # docs/catalog.md from every bundle in exports/
+    zoo real-size ltx-video [--resume|--readme-only]
     zoo list | zoo bench model=t5 | zoo generate --bundle B --prompt P | zoo demo
     zoo publish t5 --dry-run | zoo cache check [MODEL] | zoo cache repair [MODEL]
     zoo doctor t5 | zoo doctor mypkg.models:build --target litert-gpu | zoo doctor model.tflite
@@ -21,6 +22,7 @@ COMMANDS = {
     "catalog": ("zoo.bundle_catalog", "docs/catalog.md + catalog.json from every bundle on disk (make catalog)"),
     "list": ("zoo.catalog", "models, components, targets and default precisions (make list)"),
     "bench": ("zoo.bench", "conversion cost, size, gates and latency per bundle (make bench)"),
+    "real-size": ("zoo.real_size", "MODEL: convert it at real size, time + peak RSS + numerics (make real-size)"),
     "generate": ("zoo.generate", "stream text from a generative bundle, or run a model's bundles (--bundles DIR)"),
     "demo": ("zoo.demo", "every model through both targets on its default weights (make demo)"),
     "verify": ("zoo.verify", "re-check a bundle: hashes, then optionally its gates"),

@@ -114,6 +114,43 @@ class Component:
 
 
 @dataclass
+class RealSizeBuild:
+    """One network at real size for `zoo real-size` (zoo/real_size.py), seeded random weights."""
+
+    module: Any                  # the nn.Module that is converted (eval mode)
+    inputs: dict                 # {graph input name: tensor}, positional order, at real shape
+    output_names: list[str]
+    reference: Any = None        # a check's eager module (default: `module` itself, before conversion)
+    what: str = ""               # a check's scope in words ("1 of 28 layers, 3168 tokens, CFG batch 2")
+
+
+@dataclass
+class RealSize:
+    """How `zoo real-size MODEL` measures a model at its real size (zoo/real_size.py does the work).
+
+    rows      -> (component, variant, target, precision) bundles to convert, in run order; each in a fresh
+                 process, with time, peak RSS and size (what has to fit this machine)
+    checks    -> (component, variant, target, layers) fp32 numerics: built with `layers` (None: the whole
+                 network; N: the hook's reduced scope, e.g. N layers at real width), converted, run and compared
+                 with eager on the same seeded inputs, against the model's fp32 cosine gate
+    build(cfg, component, layers, check) -> RealSizeBuild; cfg is the model config at the row's variant with
+                 `overrides` applied; `layers` as in checks (or `--layers` for a quick look)
+    overrides -> Hydra overrides that make the model config real size (video size, query chunks, ...)
+    conditions -> the sizes a reader of the table needs (one clause, e.g. "video 65x512x704 -> 3168 DiT tokens")
+    intro     -> the README prose put above the generated block the first time it is written
+    full_layers -> recorded in real_size.json as `layers` when the whole networks were converted
+    """
+
+    rows: list[tuple[str, str, str, str]]
+    checks: list[tuple[str, str, str, int | None]]
+    build: Callable
+    overrides: list[str] = field(default_factory=list)
+    conditions: str = ""
+    intro: str = ""
+    full_layers: int | None = None
+
+
+@dataclass
 class ModelSpec:
     name: str
     components: list[Component]
@@ -134,6 +171,8 @@ class ModelSpec:
     # refuses what a pipeline does not take and asks for what it needs before any bundle is opened; run_pipeline
     # gets prompt=None when it takes none (TripoSplat: "image" only, an RGBA cut-out).
     pipeline_inputs: tuple[str, ...] = ("prompt",)
+    # `zoo real-size MODEL` / `make real-size MODEL=...`: the real-size table (zoo/real_size.py); None: not declared
+    real_size: RealSize | None = None
 
     def component(self, name: str) -> Component:
         for component in self.components:

@@ -23,6 +23,7 @@ from torch import nn
 import models.t5 as t5
 from models.ltx_video import reference as upstream
 from models.ltx_video.dit import DiTConfig, LTXDiT, VideoGrid, timestep_projection
+from models.ltx_video.real_size import REAL_SIZE
 from models.ltx_video.vae import DecoderConfig, RankFourDecoder
 from zoo import gates
 from zoo.errors import ZooError
@@ -414,4 +415,5 @@ SPEC = ModelSpec(
     pipeline_tag="text-to-video",
     license="other",          # LTX-Video weights: Lightricks' own licence per checkpoint (code Apache-2.0)
     run_pipeline=run_pipeline,
+    real_size=REAL_SIZE,
 )

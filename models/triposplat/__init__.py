@@ -34,6 +34,7 @@ from models.triposplat import decoding
 from models.triposplat import encoders as enc
 from models.triposplat import image_input
 from models.triposplat import sampler as flow
+from models.triposplat.real_size import REAL_SIZE
 from models.triposplat.dit import INPUT_NAMES, OUTPUT_NAMES, SOBOL_SEED, DiTConfig, LatentSeqMMFlowModel
 from zoo import gates
 from zoo.errors import ZooError
@@ -429,4 +430,5 @@ SPEC = ModelSpec(
     license="mit",
     run_pipeline=run_pipeline,
     pipeline_inputs=("image",),   # an RGBA cut-out (models/triposplat/image_input.py; no BiRefNet: README)
+    real_size=REAL_SIZE,   # `make real-size MODEL=triposplat` (models/triposplat/real_size.py)
 )
