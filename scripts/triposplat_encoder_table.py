@@ -15,24 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-ORDER = {"fp32": 0, "fp16": 1, "bf16": 2, "int8": 3}
-
-
-def value(gates: list[dict], metric: str, worst_of=min) -> str:
-    values = [g["value"] for g in gates if g["metric"] == metric]
-    return f"{worst_of(values):.7g}" if values else "—"
-
-
-def gpu_cell(report: dict) -> str:
-    if report["target"] != "litert":
-        return "—"
-    gpu = report.get("gpu") or {}
-    parts = [gpu.get("status", "not run")]
-    for metric, label in (("gpu_fp32_rel_err", "fp32 rel"), ("gpu_fp16_rel_err", "fp16 rel")):
-        values = [g["value"] for g in report["gates"] if g["metric"] == metric]
-        if values:
-            parts.append(f"{label} {max(values):.2g}")
-    return ", ".join(parts)
+# the decoder table's cells (one place): worst gate value per metric, the LiteRT GPU verdict with its errors
+from triposplat_decoder_table import ORDER, gpu_cell, value  # noqa: E402  (scripts/ is sys.path[0] when run)
 
 
 def main() -> None:
@@ -48,7 +32,7 @@ def main() -> None:
             parity = min(r.get("port_parity_cosine", {}).values(), default=float("nan"))
             rows.append((r["component"], r["target"], ORDER.get(r["precision"], 9), r["precision"],
                          r["status"] + (" (kept as .failed)" if path.parent.name.endswith(".failed") else ""),
-                         f"{parity:.10g}", value(g, "cosine"), value(g, "rel_max_abs", max), gpu_cell(r),
+                         f"{parity:.10g}", value(g, "cosine"), value(g, "rel_max_abs", worst_of=max), gpu_cell(r),
                          f"{seconds:.1f}", f"{rss:.0f}"))
     print("| component | target | precision | status | port vs library cosine (eager) | cosine | rel_max_abs "
           "| LiteRT GPU | convert s | peak RSS MB |")

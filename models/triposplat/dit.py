@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.rewrites.attention import query_chunked_attention
-from zoo.rewrites.norms import adaptive_normalize
+from zoo.rewrites.norms import SafeLayerNorm, adaptive_normalize, safe_layer_norm
 
 SOBOL_SEED = 123              # upstream: SobolEngine(dimension=3, scramble=True, seed=123)
 TIMESTEP_FREQUENCIES = 256    # upstream TimestepEmbedder.frequency_embedding_size
@@ -131,29 +131,6 @@ def deinterleave_order(head_dim: int) -> torch.Tensor:
 # ---------------------------------------------------------------- building blocks
 
 
-def layer_norm(x: torch.Tensor, eps: float, weight=None, bias=None) -> torch.Tensor:
-    """LayerNorm over the last axis in the fp16-safe form (zoo.rewrites.norms.adaptive_normalize: each row scaled
-    by its max |x| first, so no intermediate passes fp16's 65504 — a plain LayerNorm's variance overflows once
-    |x| > ~256, which `zoo doctor` flags on the fp16 Core AI graph as half-layer-norm). Exact to fp32 rounding."""
-    y = adaptive_normalize(x, (-1,), eps, center=True)
-    if weight is not None:
-        y = y * weight
-    return y + bias if bias is not None else y
-
-
-class AffineLayerNorm(nn.Module):
-    """upstream LayerNorm32 with elementwise affine (keys `weight`, `bias`)."""
-
-    def __init__(self, channels: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(channels))
-        self.bias = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x):
-        return layer_norm(x, self.eps, self.weight, self.bias)
-
-
 class HeadRMSNorm(nn.Module):
     """MultiHeadRMSNorm: per head, F.normalize(x)·γ·√D = x / rms(x) · γ. `gamma` [H, D] is held in the
     de-interleaved order. Taken in the fp16-safe form (row max-|x| prescaling, adaptive_normalize): Σx² of a
@@ -186,7 +163,7 @@ class RePoRotary(nn.Module):
         super().__init__()
         self.heads = heads
         hidden = int(model_channels * hidden_ratio)
-        self.norm = AffineLayerNorm(model_channels, eps=1e-5)
+        self.norm = SafeLayerNorm(model_channels, eps=1e-5)
         self.gate_map = nn.Linear(model_channels, hidden, bias=False)
         self.content_map = nn.Linear(model_channels, hidden, bias=False)
         self.final_map = nn.Linear(hidden, 3 * heads, bias=False)
@@ -280,8 +257,8 @@ class UnifiedBlock(nn.Module):
         super().__init__()
         self.modulation = modulation
         if not modulation:
-            self.norm1 = AffineLayerNorm(channels, eps=1e-6)
-            self.norm2 = AffineLayerNorm(channels, eps=1e-6)
+            self.norm1 = SafeLayerNorm(channels, eps=1e-6)
+            self.norm2 = SafeLayerNorm(channels, eps=1e-6)
         self.attn = RopeSelfAttention(channels, heads, qk_rms_norm)
         self.mlp = FeedForward(channels, int(channels * mlp_ratio), channels)
         if modulation and use_shift_table:
@@ -298,9 +275,9 @@ class UnifiedBlock(nn.Module):
         C = x.shape[-1]
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = (
             mod[:, i * C:(i + 1) * C].unsqueeze(1) for i in range(6))
-        h = layer_norm(x, 1e-6) * (1 + scale_msa) + shift_msa
+        h = safe_layer_norm(x, 1e-6) * (1 + scale_msa) + shift_msa
         x = x + self.attn(h, cos, sin) * gate_msa
-        h = layer_norm(x, 1e-6) * (1 + scale_mlp) + shift_mlp
+        h = safe_layer_norm(x, 1e-6) * (1 + scale_mlp) + shift_mlp
         return x + self.mlp(h) * gate_mlp
 
 
@@ -391,8 +368,8 @@ class LatentSeqMMFlowModel(nn.Module):
         for block, repo in zip(self.blocks, self.repo_layers):
             h = block(h, t_mod, *repo(h))
         n = latent.shape[1]
-        h_x = layer_norm(h[:, :n], 1e-5)
-        h_cam = layer_norm(h[:, h.shape[1] - 1:], 1e-5)
+        h_x = safe_layer_norm(h[:, :n], 1e-5)
+        h_cam = safe_layer_norm(h[:, h.shape[1] - 1:], 1e-5)
         if self.shift_table is not None:
             table = self.shift_table + t_emb.unsqueeze(1)       # [B, 2, C]
             shift, scale = table[:, 0:1], table[:, 1:2]

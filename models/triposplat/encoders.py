@@ -41,7 +41,7 @@ from torch import nn
 
 from zoo.errors import ZooError
 from zoo.rewrites.attention import query_chunked_attention
-from zoo.rewrites.norms import adaptive_normalize
+from zoo.rewrites.norms import SafeLayerNorm, adaptive_normalize, safe_layer_norm
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)   # upstream's _DINOV3_NORMALIZE
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -126,27 +126,6 @@ def image_size_for(cond_tokens: int, patch_size: int) -> int:
 
 
 # ---------------------------------------------------------------- shared pieces
-
-
-def layer_norm(x: torch.Tensor, eps: float, weight=None, bias=None) -> torch.Tensor:
-    """LayerNorm over the last axis, fp16-safe (adaptive_normalize); exact to fp32 rounding."""
-    y = adaptive_normalize(x, (-1,), eps, center=True)
-    if weight is not None:
-        y = y * weight
-    return y + bias if bias is not None else y
-
-
-class LayerNorm(nn.Module):
-    """nn.LayerNorm's keys (`weight`, `bias`), the fp16-safe computation."""
-
-    def __init__(self, channels: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(channels))
-        self.bias = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x):
-        return layer_norm(x, self.eps, self.weight, self.bias)
 
 
 class GroupNorm(nn.Module):
@@ -238,10 +217,10 @@ class LayerScale(nn.Module):
 class DinoLayer(nn.Module):
     def __init__(self, cfg: DinoConfig, chunk: int):
         super().__init__()
-        self.norm1 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
+        self.norm1 = SafeLayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.attention = DinoAttention(cfg, chunk)
         self.layer_scale1 = LayerScale(cfg.hidden_size)
-        self.norm2 = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
+        self.norm2 = SafeLayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         self.mlp = DinoMLP(cfg)
         self.layer_scale2 = LayerScale(cfg.hidden_size)
 
@@ -274,7 +253,7 @@ class ImageEncoder(nn.Module):
         self.prefix = 1 + cfg.num_register_tokens
         self.embeddings = DinoEmbeddings(cfg)
         self.layer = nn.ModuleList(DinoLayer(cfg, chunk) for _ in range(cfg.num_hidden_layers))
-        self.norm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
+        self.norm = SafeLayerNorm(cfg.hidden_size, cfg.layer_norm_eps)
         cos, sin = rope_tables(cfg, image_size)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -286,7 +265,7 @@ class ImageEncoder(nn.Module):
         for layer in self.layer:
             x = layer(x, self.rope_cos, self.rope_sin, self.prefix)
         x = self.norm(x)
-        return layer_norm(x, 1e-5)          # upstream: F.layer_norm(feature, feature.shape[-1:]) on top
+        return safe_layer_norm(x, 1e-5)          # upstream: F.layer_norm(feature, feature.shape[-1:]) on top
 
 
 # ---------------------------------------------------------------- FLUX.2 VAE encoder

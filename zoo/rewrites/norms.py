@@ -118,6 +118,27 @@ def _affine(y: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | N
     return y
 
 
+def safe_layer_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """LayerNorm over the last axis in the fp16-safe form, for re-authored modules: exact to fp32 rounding, and
+    no intermediate passes fp16's 65504 (a plain LayerNorm's variance overflows once |x| > ~256, which `zoo
+    doctor` flags on an fp16 Core AI graph as half-layer-norm)."""
+    return _affine(adaptive_normalize(x, (-1,), eps, center=True), weight, bias)
+
+
+class SafeLayerNorm(nn.Module):
+    """nn.LayerNorm(channels)'s keys (`weight`, `bias`) over the last axis, computed by `safe_layer_norm`."""
+
+    def __init__(self, channels: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return safe_layer_norm(x, self.eps, self.weight, self.bias)
+
+
 class AdaptiveLayerNorm(nn.Module):
     def __init__(self, src: nn.LayerNorm):
         super().__init__()
