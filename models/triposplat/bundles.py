@@ -82,12 +82,26 @@ def chain(c: Chain, image: torch.Tensor, seed: int) -> tuple[dict[str, torch.Ten
 def run_bundles(sessions: dict, bundles: dict[str, Path], prompt: str | None, out: Path, seed: int | None = None,
                 image: Path | None = None) -> str:
     """ModelSpec.run_pipeline: cut-out -> encoders -> DiT sampler -> decoders -> `out` (.ply)."""
-    from models.triposplat import ENCODER_FILE, SAMPLER_FILE
 
     if Path(out).suffix.lower() != ".ply":
         raise ZooError(f"Cannot write {out}: TripoSplat writes 3D Gaussian Splatting .ply files.", "pass --out splats.ply.")
     if image is None:
         raise ZooError("The triposplat pipeline needs --image.", "pass --image cutout.png (an RGBA cut-out).")
+    c, image_size = bundle_chain(sessions, bundles)
+    pixels = image_input.load(Path(image), image_size)   # bad input: ZooError before any run
+    seed = int(c.sampling["seed"] if seed is None else seed)
+    gaussians, _ = chain(c, pixels, seed)
+    count = ply.write_ply(out, gaussians)
+    return (f"{count} Gaussians ({c.decoding['points']} points x {c.decoding['representation']['num_gaussians']}) "
+            f"written to {out} from {image} ({image_size}² composite) after {c.sampling['steps']} "
+            f"sampler steps (seed {seed}).")
+
+
+def bundle_chain(sessions: dict, bundles: dict[str, Path]) -> tuple[Chain, int]:
+    """The chain over the five saved bundles' sessions, and the image size its encoders take; bundles converted
+    with different settings are refused before any run."""
+    from models.triposplat import ENCODER_FILE, SAMPLER_FILE
+
     sampling = read_json(bundles["dit"], SAMPLER_FILE)
     decoding_facts = read_json(bundles["gaussian-decoder"], DECODER_FILE)
     octree_facts = read_json(bundles["octree-decoder"], DECODER_FILE)
@@ -99,17 +113,11 @@ def run_bundles(sessions: dict, bundles: dict[str, Path], prompt: str | None, ou
     if image_facts["image_size"] != vae_facts["image_size"]:
         raise ZooError(f"The image-encoder bundle takes {image_facts['image_size']}² images but the vae-encoder "
                        f"bundle {vae_facts['image_size']}².", "convert both encoders with the same model.cond_tokens.")
-    pixels = image_input.load(Path(image), int(image_facts["image_size"]))   # bad input: ZooError before any run
-    seed = int(sampling["seed"] if seed is None else seed)
     c = Chain(session_graph(sessions["image-encoder"], "feature1"), session_graph(sessions["vae-encoder"], "feature2"),
               flow.session_dit(sessions["dit"]), session_graph(sessions["octree-decoder"], "logits"),
               session_graph(sessions["gaussian-decoder"], "features"), sampling, decoding_facts,
               tuple(vae_facts["vae_noise_shape"]))
-    gaussians, _ = chain(c, pixels, seed)
-    count = ply.write_ply(out, gaussians)
-    return (f"{count} Gaussians ({decoding_facts['points']} points x {decoding_facts['representation']['num_gaussians']}) "
-            f"written to {out} from {image} ({image_facts['image_size']}² composite) after {sampling['steps']} "
-            f"sampler steps (seed {seed}).")
+    return c, int(image_facts["image_size"])
 
 
 def eager_chain(checkpoint, cfg) -> Chain:
