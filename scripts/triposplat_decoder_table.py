@@ -36,29 +36,42 @@ def gpu_cell(report: dict) -> str:
     return ", ".join(parts)
 
 
-def main() -> None:
+def bundle_reports(pattern: str):
+    """(report, row head, conversion seconds) for every bundle matching `pattern` under the folders on the command
+    line: the head is component, target, sort key, precision and status (a gate-failed bundle is kept as .failed)."""
     folders = [Path(p) for p in sys.argv[1:]] or [Path("exports/triposplat")]
-    rows = []
     for folder in folders:
-        for path in folder.glob("*-decoder/*/report.json"):
+        for path in folder.glob(f"{pattern}/*/report.json"):
             r = json.loads(path.read_text())
-            g = r["gates"]
             stages = {s["name"]: s for s in r.get("stages", [])}
             seconds = sum(stages.get(n, {}).get("seconds", 0) or 0 for n in ("export", "convert", "optimize", "save"))
-            octree = r["component"] == "octree-decoder"
-            rows.append((r["component"], r["target"], ORDER.get(r["precision"], 9), r["precision"],
-                         r["status"] + (" (kept as .failed)" if path.parent.name.endswith(".failed") else ""),
-                         value(g, "cosine", lambda o: "[" not in o and "levels" not in o),
-                         value(g, "min_step_cosine") if octree else value(g, "cosine", lambda o: "[" in o),
-                         value(g, "min_step_channel_cosine") if octree else "—",
-                         value(g, "max_step_rel_max_abs", worst_of=max) if octree else "—",
-                         value(g, "rgb_std_deviation", worst_of=max), value(g, "chroma_deviation", worst_of=max),
-                         gpu_cell(r), f"{seconds:.1f}"))
-    print("| component | target | precision | status | cosine | min slice / level cosine | min level channel cosine "
-          "| max level rel max-abs | rgb_std_deviation | chroma_deviation | LiteRT GPU | convert s |")
-    print("|" + "---|" * 12)
+            head = (r["component"], r["target"], ORDER.get(r["precision"], 9), r["precision"],
+                    r["status"] + (" (kept as .failed)" if path.parent.name.endswith(".failed") else ""))
+            yield r, head, seconds
+
+
+def print_table(header: list[str], rows: list[tuple]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
     for row in sorted(rows):
-        print("| " + " | ".join(str(c) for i, c in enumerate(row) if i != 2) + " |")
+        print("| " + " | ".join(str(c) for i, c in enumerate(row) if i != 2) + " |")   # column 2: the sort key
+
+
+def main() -> None:
+    rows = []
+    for r, head, seconds in bundle_reports("*-decoder"):
+        g = r["gates"]
+        octree = r["component"] == "octree-decoder"
+        rows.append((*head,
+                     value(g, "cosine", lambda o: "[" not in o and "levels" not in o),
+                     value(g, "min_step_cosine") if octree else value(g, "cosine", lambda o: "[" in o),
+                     value(g, "min_step_channel_cosine") if octree else "—",
+                     value(g, "max_step_rel_max_abs", worst_of=max) if octree else "—",
+                     value(g, "rgb_std_deviation", worst_of=max), value(g, "chroma_deviation", worst_of=max),
+                     gpu_cell(r), f"{seconds:.1f}"))
+    print_table(["component", "target", "precision", "status", "cosine", "min slice / level cosine",
+                 "min level channel cosine", "max level rel max-abs", "rgb_std_deviation", "chroma_deviation",
+                 "LiteRT GPU", "convert s"], rows)
 
 
 if __name__ == "__main__":
