@@ -63,16 +63,21 @@ def cosine(a, b) -> float:
 # ---------------------------------------------------------------- the port vs the library classes
 
 
+def build_with_chunk(build, checkpoint, cfg, chunk: int):
+    """The port built with query chunk `chunk` (the shared cfg goes back to no chunking afterwards)."""
+    cfg.encoders.attention_chunk = chunk
+    try:
+        return build(checkpoint, cfg)
+    finally:
+        cfg.encoders.attention_chunk = 0
+
+
 @pytest.mark.parametrize("chunk", [0, 7])
 def test_image_encoder_matches_transformers_dinov3(tiny, chunk):
     """feature1 of the port (fp16-safe norms, RoPE tables, explicit attention, query chunks or not) vs
     DINOv3ViTModel + upstream's normalisation and layer norm, on the gate image: within 1e-5 relative."""
     tripo, cfg, ck = tiny["tripo"], tiny["cfg"], tiny["checkpoint"]
-    cfg.encoders.attention_chunk = chunk
-    try:
-        port = tripo.image_encoder_build(ck, cfg)
-    finally:
-        cfg.encoders.attention_chunk = 0
+    port = build_with_chunk(tripo.image_encoder_build, ck, cfg, chunk)
     reference = tripo.image_encoder_reference(ck, cfg)
     image = tripo.image_encoder_inputs(ck, cfg)["image"]
     with torch.no_grad():
@@ -87,11 +92,7 @@ def test_vae_encoder_matches_diffusers_flux2(tiny, chunk):
     AutoencoderKLFlux2's encoder + upstream's sampling / patchify / normalisation / pad: within 1e-5 relative,
     and the 5 prefix tokens exactly zero."""
     tripo, cfg, ck = tiny["tripo"], tiny["cfg"], tiny["checkpoint"]
-    cfg.encoders.attention_chunk = chunk
-    try:
-        port = tripo.vae_encoder_build(ck, cfg)
-    finally:
-        cfg.encoders.attention_chunk = 0
+    port = build_with_chunk(tripo.vae_encoder_build, ck, cfg, chunk)
     reference = tripo.vae_encoder_reference(ck, cfg)
     inputs = tripo.vae_encoder_inputs(ck, cfg)
     with torch.no_grad():
