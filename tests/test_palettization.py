@@ -9,6 +9,7 @@ fast mode is still caught by the non-finite check before a bundle is saved (the 
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from zoo import gates
 from zoo.errors import ZooError
 from zoo.targets import Entry
 from zoo.targets.coreai import CoreAITarget, PalettizationStats, nonfinite_lookup_tables, palettize_int8
+from zoo.targets.coreai_kmeans import palettize_group, squared_error
 
 LARGE = 6.66  # SmolLM2-135M's layer-27 up_proj reaches 6.657 (gate_proj 9.25); anything above 6.5504 overflowed
 
@@ -97,3 +99,66 @@ def test_palettization_past_its_time_budget_fails_with_what_was_done():
     stats = PalettizationStats()  # negative control: a budget it fits in changes nothing
     palettize_int8(program, kmeans_workers=1, budget_s=600, stats=stats)
     assert (stats.clustered, stats.shared, stats.skipped_over_budget) == (2, 2, 0)
+
+
+# Binned k-means (zoo/targets/coreai_kmeans.py): the optimal solver on density-spaced bins, refined by Lloyd.
+
+def _heavy_tailed_group(seed: int = 0) -> np.ndarray:
+    """A 32 x 1024 fp16 group with a Student-t(3) spread: ~15,000 distinct values and real outliers."""
+    return (np.random.default_rng(seed).standard_t(3, size=(32, 1024)) * 0.02).astype(np.float16)
+
+
+def _error_ratio(group: np.ndarray, bins: int) -> float:
+    optimal = squared_error(group, *palettize_group(group, 8, None))
+    return squared_error(group, *palettize_group(group, 8, bins)) / optimal
+
+
+@pytest.mark.parametrize("bins, within", [(1024, 1.02), (2048, 1.005)])  # 1024: the config default
+def test_binned_kmeans_stays_close_to_the_optimal_error(bins, within):
+    group = _heavy_tailed_group()
+    assert len(np.unique(group)) > 2048  # the binned path really runs
+    assert _error_ratio(group, bins) < within
+
+
+def test_negative_control_one_bin_per_table_entry_is_measurably_worse():
+    """256 bins leave the solver no choice (one centroid per bin): the tolerances above reject it."""
+    assert _error_ratio(_heavy_tailed_group(), 256) > 1.02
+
+
+def test_binned_table_and_indices_have_coreai_opts_layout():
+    group = _heavy_tailed_group(1)
+    table, indices = palettize_group(group, 8, 2048)
+    assert table.dtype == np.float16 and table.shape == (256,) and np.isfinite(table).all()
+    assert indices.dtype == np.uint8 and indices.shape == (group.size,)
+    # each element sits at its nearest table entry (what the runtime reconstructs)
+    gaps = np.abs(group.reshape(-1, 1).astype(np.float64) - table.astype(np.float64)[None, :])
+    chosen = gaps[np.arange(group.size), indices]
+    assert np.all(chosen <= gaps.min(axis=1) + 1e-3 * np.abs(group.reshape(-1)).max())
+
+
+def test_binned_palettization_matches_eager_and_the_optimal_bundle_on_the_artifact():
+    """Through coreai-opt's own grouping ("CUSTOM" mode), saved, loaded and run: the binned bundle computes
+    what eager torch does, and clusters each distinct weight once, like the optimal path."""
+    module, x, target, _ = _program_with_a_large_weight()
+    outputs = {}
+    for bins in (None, 2048):
+        _, _, _, program = _program_with_a_large_weight()
+        stats = PalettizationStats()
+        compressed = palettize_int8(program, kmeans_workers=2, stats=stats, kmeans_bins=bins)
+        assert (stats.clustered, stats.shared) == (1, 0)
+        with tempfile.TemporaryDirectory() as folder:
+            path = target.save(compressed, Path(folder), {})
+            assert "lut_to_dense" in target.summary(path)
+            with target.open(path) as runner:
+                outputs[bins] = runner.run("main", {"x": x.numpy()})["y"]
+    with torch.no_grad():
+        reference = module(x).numpy()
+    assert gates.cosine(outputs[2048], reference) > 0.9999
+    assert gates.cosine(outputs[2048], outputs[None]) > 0.99999
+
+
+def test_binned_palettization_shares_tables_between_functions():
+    _, _, _, program = _two_function_program(shared=True)
+    stats = PalettizationStats()
+    palettize_int8(program, kmeans_workers=2, stats=stats, kmeans_bins=2048)
+    assert (stats.clustered, stats.shared) == (2, 2)

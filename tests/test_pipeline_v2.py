@@ -55,6 +55,16 @@ def test_two_component_model_converts_and_benches_on_both_targets(tmp_path):
     assert all(v > 0 for k, v in raw.items() if k != ("encoder", "coreai"))
     readme = (tmp_path / "bench" / "README.md").read_text()
     assert "**encoder**" in readme and "**head**" in readme and "latency ms" in readme and "vs raw" in readme
+    # the Core AI runtime's own per-op profile, for the target that has a profiler (and only there)
+    for r in data["rows"]:
+        if r["target"] == "coreai":
+            ops = r["profile"]["main"]["ops"]
+            shares = [o["share"] for o in ops]  # the top ops (PROFILE_TOP_OPS), by time
+            assert r["profile"]["main"]["executions"] == 1 and shares == sorted(shares, reverse=True)
+            assert 0.5 < sum(shares) <= 1.001
+        else:
+            assert "profile" not in r
+    assert "coreai.runtime.Profiler" in readme
 
 
 def test_raw_converter_that_fails_says_so_in_its_cell(tmp_path, monkeypatch):
@@ -144,6 +154,8 @@ def test_every_model_config_validates():
      "component_gates.encoder.fp32.cosin: unknown metric"),
     (lambda c: c.update(component_gates={"encoder": {"fp8": {"cosine": 0.9}}}),
      "component_gates.encoder.fp8: no gates.fp8 to refine"),
+    (lambda c: c["bench"]["targets"][0].update(at_least=2.0), "bench.targets[0]: give exactly one of"),
+    (lambda c: c.update(int8_kmeans_bins=64), "int8_kmeans_bins: 64 must be an integer of at least 256"),
 ])
 def test_broken_model_config_is_one_clear_error(tmp_path, edit, needle):
     from zoo.registry import validate_model_config
@@ -273,7 +285,8 @@ def test_a_narrowed_bench_keeps_the_other_rows_and_says_where_they_come_from(tmp
     from zoo.card import _earlier_runs
 
     def row(target, precision, value):
-        return {"component": "decoder", "target": target, "precision": precision, "measure": {"x": value}}
+        return {"component": "decoder", "target": target, "precision": precision, "measure": {"x": value},
+                "size_mb": 10.0 * value, "size_vs_fp32": None if precision != "fp32" else 1.0}
 
     spec = SimpleNamespace(components=[SimpleNamespace(name="decoder")])
     earlier = tmp_path / "bench.json"
@@ -288,6 +301,7 @@ def test_a_narrowed_bench_keeps_the_other_rows_and_says_where_they_come_from(tmp
     merged = merge_earlier_rows(new_data(), spec, earlier, ["target=litert"])
     assert [(r["target"], r["precision"], r["measure"]["x"]) for r in merged["rows"]] == \
         [("coreai", "fp32", 1), ("litert", "fp32", 20), ("litert", "int8", 30)]
+    assert merged["rows"][2]["size_vs_fp32"] == 1.5  # its own target's fp32 row: 300 MB / 200 MB
     assert _earlier_runs(merged) == ["Rows coreai fp32: from `make bench MODEL=m` on 2026-11-30 (not re-run by the "
                                      "command above)."]
     full = merge_earlier_rows(new_data(), spec, earlier, [])  # not narrowed: nothing kept
@@ -301,3 +315,26 @@ def test_rows_of_an_older_bench_json_keep_their_measured_values():
               "eager": {"decode_tok_s": 24.2}, "prompts": [{"prompt": "p"}]}
     assert row_measure(legacy) == {"decode_tok_s": 30.3, "eager_decode_tok_s": 24.2, "prompts": [{"prompt": "p"}]}
     assert row_measure({"target": "litert", "measure": {"decode_tok_s": 1.0}}) == {"decode_tok_s": 1.0}
+
+
+def test_bench_targets_are_judged_on_the_rows_and_a_miss_says_why():
+    from zoo.card import targets_lines
+
+    rows = [{"component": "encoder", "target": "coreai", "precision": "fp32", "convert_s": 10.0,
+             "gate_worst": {"cosine": 0.99}, "measure": {"latency_vs_eager": 4.0, "latency_vs_raw": float("nan")}}]
+    goals = [
+        {"goal": "fast", "target": "coreai", "precision": "fp32", "measure": "latency_vs_eager", "at_most": 3.0,
+         "missed_because": "the runtime's matmul"},
+        {"goal": "quick convert", "target": "coreai", "precision": "fp32", "measure": "convert_s", "at_most": 60.0},
+        {"goal": "accurate", "target": "coreai", "precision": "fp32", "measure": "gate_worst.cosine", "at_least": 0.999},
+        {"goal": "beats raw", "target": "coreai", "precision": "fp32", "measure": "latency_vs_raw", "at_most": 1.0},
+        {"goal": "small", "target": "litert", "precision": "int8", "measure": "size_vs_fp32", "at_most": 0.3},
+    ]
+    lines = targets_lines({"header": {"targets": goals}, "rows": rows})
+    verdicts = {line.split(" | ")[0].strip("| "): line.rsplit(" | ", 1)[1].strip(" |") for line in lines
+                if line.startswith("| ") and not line.startswith("| goal")}
+    assert verdicts == {"fast": "missed", "quick convert": "met", "accurate": "missed",
+                        "beats raw": "missed",   # NaN never meets a target
+                        "small": "not run"}      # no such row: said, not guessed
+    assert "- **fast** missed: the runtime's matmul" in lines
+    assert targets_lines({"header": {}, "rows": rows}) == []

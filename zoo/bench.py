@@ -85,10 +85,36 @@ LATENCY = Measure(
              "on this machine's runtime; eager = the upstream module in fp32 on the same inputs, timed "
              "right before it; raw converter = the upstream module converted as is (no zoo rewrites or "
              "passes) by the same target at fp32, timed in between",
+    raw_baseline=True,
 )
 
 
-def convert_raw(model: str, overrides: list[str], component_name: str, target_name: str, out: str) -> dict:
+PROFILE_TOP_OPS = 6  # the ops a README lists per profiled function; bench.json keeps the same
+
+
+def drive_one_call(ctx: MeasureContext, runner) -> None:
+    """The default profile driver: one call of the component's session on the example inputs."""
+    with ctx.component.session(runner, ctx.target) as session:
+        session.run(to_numpy(ctx.inputs))
+
+
+def profile_bundle(ctx: MeasureContext, measure: Measure) -> dict | None:
+    """Per-op time of the saved bundle from the target runtime's own profiler, for the targets that have
+    one (Core AI: zoo.targets.coreai.RuntimeOpProfile), else None. Its own runner, after the timed runs:
+    the profiler's per-op callbacks cost time. One warm-up drive, then the profiled one."""
+    target = get_target(ctx.target)
+    if not getattr(target, "has_op_profiler", False):
+        return None
+    drive = measure.profile or drive_one_call
+    with target.open(ctx.bundle / target.artifact, profile=True) as runner:
+        drive(ctx, runner)
+        runner.reset_profile()
+        drive(ctx, runner)
+        return runner.op_profile(top=PROFILE_TOP_OPS)
+
+
+def convert_raw(model: str, overrides: list[str], component_name: str, target_name: str, out: str,
+                header: dict | None = None) -> dict:
     """The upstream module (the component's `reference`) through the target's converter as is, at fp32:
     the baseline our artifact must beat. Meant for a fresh process. Returns {"path": artifact}, or
     {"reason": one line saying why upstream does not convert} (that line is the table cell)."""
@@ -101,8 +127,9 @@ def convert_raw(model: str, overrides: list[str], component_name: str, target_na
     checkpoint = resolve(cfg, bench_weights(cfg, overrides), spec.tiny_dir, spec.random_checkpoint,
                          embedded=spec.embedded)
     target = get_target(target_name)
-    entry = Entry("main", component.reference(checkpoint, cfg), component.example_inputs(checkpoint, cfg),
-                  list(component.output_names))
+    measure = measure_of(component)
+    inputs = measure.raw_inputs(header or {}) if measure.raw_inputs else component.example_inputs(checkpoint, cfg)
+    entry = Entry("main", component.reference(checkpoint, cfg), inputs, list(component.output_names))
     dest = Path(out) / f"raw-{component.name}-{target_name}"
     dest.mkdir(parents=True, exist_ok=True)
     try:
@@ -182,6 +209,9 @@ def measure_bundle(model: str, overrides: list[str], component_name: str, target
                          component.example_inputs(checkpoint, cfg), int(cfg.bench.repeats), header)
     row = {**common_row(result), "measure": measure_of(component).run(ctx), "bytes": result.bytes,
            "weights": f"{weights_spec} ({checkpoint.provenance.get('note', checkpoint.source)})"}
+    profile = profile_bundle(ctx, measure_of(component))
+    if profile:
+        row["profile"] = profile
     return row
 
 
@@ -221,8 +251,9 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
     with tempfile.TemporaryDirectory(prefix="zoo-bench-") as out:
         for component in selected:
             for target in requested(overrides, "target") or TARGET_NAMES:
-                if measure_of(component) is LATENCY:  # a one-shot component: time upstream's own conversion too
-                    raw = in_fresh_process(convert_raw, model, overrides, component.name, target, out)
+                if measure_of(component).raw_baseline:  # time upstream's own conversion too
+                    raw = in_fresh_process(convert_raw, model, overrides, component.name, target, out,
+                                           {k: v for k, v in headers[component.name].items() if k != "raw_artifacts"})
                     headers[component.name].setdefault("raw_artifacts", {})[target] = raw
                 fp32_bytes = None
                 wanted = requested(overrides, "precision")
@@ -251,6 +282,7 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
             "process": "each bundle converted, gated and measured in its own fresh process",
             "bench_wall_s": round(time.perf_counter() - started, 1),
             "gates": {p: {k: float(v) for k, v in t.items()} for p, t in cfg.gates.items()},
+            "targets": OmegaConf.to_container(cfg.bench.targets, resolve=True) if cfg.bench.get("targets") else [],
         },
         "measures": {c.name: {"describe": measure_of(c).describe,
                               "header": {k: v for k, v in headers[c.name].items()
@@ -285,7 +317,18 @@ def merge_earlier_rows(data: dict, spec, earlier: Path, overrides: list[str]) ->
                 precisions.index(row["precision"]) if row["precision"] in precisions else len(precisions))
 
     data["rows"] = sorted(kept + data["rows"], key=order)
+    fill_size_vs_fp32(data["rows"])
     return data
+
+
+def fill_size_vs_fp32(rows: list[dict]) -> None:
+    """A narrowed run that did not rebuild fp32 still gets its size ratio, from the fp32 row kept beside it
+    (sizes do not depend on the machine's load)."""
+    fp32 = {(r["component"], r["target"]): r.get("size_mb") for r in rows if r.get("precision") == "fp32"}
+    for row in rows:
+        base = fp32.get((row["component"], row["target"]))
+        if row.get("size_vs_fp32") is None and row.get("size_mb") and base:
+            row["size_vs_fp32"] = round(row["size_mb"] / base, 3)
 
 
 def bench_folder(cfg, given: str | None) -> Path:

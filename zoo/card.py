@@ -61,12 +61,33 @@ def measured_table(bench: dict, measures: dict) -> str:
         if measure.details:
             header = (bench.get("measures") or {}).get(component, {}).get("header", {})
             lines += [""] + measure.details(rows, header)
+        lines += profile_lines(rows)
+    lines += targets_lines(bench)
     return "\n".join(lines)
+
+
+def profile_lines(rows: list[dict]) -> list[str]:
+    """The runtime's own per-op profile of each bundle that has one (zoo.bench.profile_bundle)."""
+    profiled = [r for r in rows if r.get("profile")]
+    if not profiled:
+        return []
+    lines = ["", "Where the time goes, from the Core AI runtime's own profiler (`coreai.runtime.Profiler`): one "
+             "profiled run of what the measure times, after a warm-up, outside the timed runs; each op's share of "
+             "all op time in that function, with its call count:", "",
+             "| target | precision | function | executions | execute ms | top ops: share (calls) |",
+             "|---|---|---|---|---|---|"]
+    for row in profiled:
+        for function, table in row["profile"].items():
+            ops = ", ".join(f"{o['op']} {o['share'] * 100:.0f}% ({o['calls']})" for o in table["ops"])
+            lines.append(f"| {row['target']} | {row['precision']} | {function} | {table['executions']} | "
+                         f"{_fmt(table['execute_ms'])} | {ops} |")
+    return lines
 
 
 # Keys every bench row has besides what its component's Measure returned.
 COMMON_ROW_KEYS = {"component", "target", "precision", "status", "status_note", "reason", "gate", "gate_worst",
-                   "convert_s", "stage_s", "peak_rss_mb", "size_mb", "size_vs_fp32", "run", "weights", "bytes"}
+                   "convert_s", "stage_s", "peak_rss_mb", "size_mb", "size_vs_fp32", "run", "weights", "bytes",
+                   "profile"}
 
 
 def row_measure(row: dict) -> dict:
@@ -318,3 +339,45 @@ def _group_by(items, key) -> dict:
     for item in items:
         groups.setdefault(key(item), []).append(item)
     return groups
+
+
+def _target_verdict(goal: dict, value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "not run"
+    if value != value:  # NaN never meets a target
+        return "missed"
+    if goal.get("at_most") is not None:
+        return "met" if value <= goal["at_most"] else "missed"
+    return "met" if value >= goal["at_least"] else "missed"
+
+
+def _row_value(row: dict, key: str):
+    """A measure's value, a common column (convert_s), or one level down with a dot (gate_worst.cosine)."""
+    if "." in key:
+        outer, inner = key.split(".", 1)
+        return (row.get(outer) or {}).get(inner)
+    return row_measure(row).get(key, row.get(key))
+
+
+def targets_lines(bench: dict) -> list[str]:
+    """The config's performance targets (`bench.targets`), each checked on its row of this bench.json;
+    a missed one lists the config's reason under the table."""
+    goals = bench["header"].get("targets") or []
+    if not goals:
+        return []
+    rows = bench["rows"]
+    lines = ["", "Targets (config `bench.targets`), checked on the rows above:", "",
+             "| goal | row | wanted | measured | verdict |", "|---|---|---|---|---|"]
+    reasons = []
+    for goal in goals:
+        component = goal.get("component") or rows[0]["component"]
+        row = next((r for r in rows if (r["component"], r["target"], r["precision"])
+                    == (component, goal["target"], goal["precision"])), None)
+        value = None if row is None else _row_value(row, goal["measure"])
+        verdict = _target_verdict(goal, value)
+        wanted = f"≤ {goal['at_most']:g}" if goal.get("at_most") is not None else f"≥ {goal['at_least']:g}"
+        lines.append(f"| {goal['goal']} | {goal['target']} {goal['precision']} `{goal['measure']}` | {wanted} | "
+                     f"{_cell(value) if verdict != 'not run' else '—'} | {verdict} |")
+        if verdict == "missed" and goal.get("missed_because"):
+            reasons.append(f"- **{goal['goal']}** missed: {goal['missed_because']}")
+    return lines + ([""] + reasons if reasons else [])

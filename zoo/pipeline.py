@@ -301,6 +301,7 @@ def _compress_options(cfg) -> dict:
             "int8_kmeans_workers": int(workers) if workers else None,
             "int8_fast_kmeans": str(cfg.get("int8_fast_kmeans", "off")),
             "int8_time_budget_s": cfg.get("int8_time_budget_s"),
+            "int8_kmeans_bins": int(cfg.int8_kmeans_bins) if cfg.get("int8_kmeans_bins") else None,
             "int8_recipe": str((cfg.get("litert") or {}).get("int8_recipe", "dynamic"))}
 
 

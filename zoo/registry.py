@@ -57,7 +57,7 @@ class Measure:
     """What `zoo bench` times for a component, beyond conversion cost and size.
 
     run(ctx) -> {column key: value}; the same keys for every bundle. `columns` orders and names them in
-    the README table. `prepare(cfg, checkpoint)` runs once per bench (e.g. picks a fixed prompt) and its
+    the README table. `profile(ctx, runner)` drives the bundle once more for the runtime's own profiler. `prepare(cfg, checkpoint)` runs once per bench (e.g. picks a fixed prompt) and its
     dict reaches every run as ctx.header. `details(rows, header)` may add markdown lines under the table.
     """
 
@@ -66,6 +66,14 @@ class Measure:
     describe: str
     prepare: Callable[[Any, Any], dict] | None = None
     details: Callable[[list[dict], dict], list[str]] | None = None
+    # profile(ctx, runner): drive the opened bundle the way `run` does, once, for the runtime's per-op
+    # profiler (Core AI). Default: one call of the component's session on the example inputs.
+    profile: Callable[["MeasureContext", Any], None] | None = None
+    # raw_baseline: the bench also converts the component's `reference` (the upstream module) as is, once per
+    # target, and hands its artifact to `run` as ctx.header["raw_artifacts"][target] ({"path"} or {"reason"}).
+    # raw_inputs(header): the inputs to export it at (default: the component's example inputs).
+    raw_baseline: bool = False
+    raw_inputs: Callable[[dict], dict] | None = None
 
 
 @dataclass

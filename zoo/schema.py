@@ -47,10 +47,26 @@ class GpuSection:
 
 
 @dataclass
+class BenchTarget:
+    """A performance target the bench checks on its own rows (the README's Targets table): the row's value of
+    `measure` (a key of the row's measure, or convert_s / size_vs_fp32 / peak_rss_mb) against at_most or
+    at_least. `missed_because`: why, when the run misses it (prose; figures belong in the tables)."""
+    target: str = MISSING
+    precision: str = MISSING
+    measure: str = MISSING
+    goal: str = MISSING             # what is wanted, in words (the table's first column)
+    component: Optional[str] = None  # null: the model's first component
+    at_most: Optional[float] = None
+    at_least: Optional[float] = None
+    missed_because: str = ""
+
+
+@dataclass
 class BenchSection:
     variant: Optional[str] = None   # architecture to bench (null: the config's variant)
     weights: Optional[str] = None   # weights to bench (null: the config's weights)
     repeats: int = 5
+    targets: list[BenchTarget] = field(default_factory=list)
 
 
 @dataclass
@@ -69,6 +85,7 @@ class CoreAIOptions(TargetOptions):
 class LiteRTOptions(TargetOptions):
     # int8 recipe (litert-quantizer): "dynamic" = int8 weights and int8 activations quantized per call by
     # the CPU kernels (dynamic range); "weight_only" = int8 weights dequantized to float, float compute.
+    # (No blockwise int8: litert-quantizer leaves 8-bit blockwise weights fp32, scripts/litert_blockwise_check.py.)
     # weight_only is closer on the CPU (tiny T5 cos 0.99996 vs the dynamic default's gate 0.998) but the
     # GPU delegate cannot create it ("Shape mismatch {64,1,1,64} vs {1,1,64,64}" on a dequantized FC
     # weight; SIGSEGV with an int8 lookup table): `zoo convert model=t5 target=litert precision=int8
@@ -96,6 +113,10 @@ class ModelConfig:
     # LLM it lowered the worst int8 logits cosine from 0.986 to 0.915 at the same weight reconstruction
     # error (`zoo convert model=gqa-llm target=coreai precision=int8 weights=tiny [model.int8_fast_kmeans=safe]`).
     int8_fast_kmeans: str = "off"
+    # Core AI int8: the optimal 1-D k-means runs on at most this many density-spaced bins of each group's
+    # distinct values, then Lloyd refines on all of them (zoo/targets/coreai_kmeans.py); null: on every
+    # distinct value, as coreai-opt does (scripts/kmeans_binned_check.py measures time and error of both).
+    int8_kmeans_bins: Optional[int] = 1024
     int8_time_budget_s: Optional[float] = None   # Core AI int8: fail the stage past this many seconds (null: none)
     int8_group_size: int = 32
     peak_rss_mb: Optional[int] = None          # expected peak RSS of one bundle (for launchers that pack by memory)
@@ -176,6 +197,13 @@ def check_semantics(cfg, target_precisions: dict[str, tuple[str, ...]]) -> list[
         problems.append(f"litert.lightweight_conversion: '{cfg.litert.lightweight_conversion}' is not one of auto, on, off")
     if cfg.litert.get("int8_recipe", "dynamic") not in ("dynamic", "weight_only"):
         problems.append(f"litert.int8_recipe: '{cfg.litert.int8_recipe}' is not one of dynamic, weight_only")
+    for i, goal in enumerate(cfg.bench.get("targets") or []):
+        if (goal.get("at_most") is None) == (goal.get("at_least") is None):
+            problems.append(f"bench.targets[{i}]: give exactly one of at_most, at_least")
+    bins = cfg.get("int8_kmeans_bins")
+    if bins is not None and (not isinstance(bins, int) or isinstance(bins, bool) or bins < 256):
+        problems.append(f"int8_kmeans_bins: {bins!r} must be an integer of at least 256 (the 8-bit table's "
+                        "entries), or null for k-means on every distinct value")
     if cfg.get("int8_fast_kmeans", "off") not in ("off", "safe"):
         problems.append(f"int8_fast_kmeans: '{cfg.int8_fast_kmeans}' is not one of off, safe")
     if cfg.variant is not None and cfg.variants and cfg.variant not in cfg.variants:

@@ -27,6 +27,7 @@ from zoo.registry import Measure, MeasureContext
 PROMPT_TOKENS = 64   # = LiteRT's prefill_len: one prefill call on both targets
 DECODE_TOKENS = 32
 REPEATS = 3          # timed runs after one warm-up; medians reported
+PROFILE_DECODE_TOKENS = 8  # decode calls in the profiled run (each Core AI decode call profiles alike)
 TIMING_BUDGET_S = 60  # ...but no new run once this much was spent timing (Core AI int8 decodes at ~3 s/token)
 # A fixed text, cut to exactly PROMPT_TOKENS tokens by the bundle's own tokenizer.
 PROMPT_TEXT = (
@@ -157,14 +158,48 @@ def run(ctx: MeasureContext) -> dict:
     finally:
         runner.close()
     litertlm = time_litertlm(ctx.bundle, ctx.header["prompt_text"])
+    raw = time_raw_prefill(ctx, prompt_ids, artifact["prefill_tok_s"])
     return {
-        "load_s": round(load_s, 3), **artifact, **litertlm,
+        "load_s": round(load_s, 3), **artifact, **raw, **litertlm,
         "eager_prefill_tok_s": eager["prefill_tok_s"], "eager_decode_tok_s": eager["decode_tok_s"],
         "prefill_vs_eager": round(artifact["prefill_tok_s"] / eager["prefill_tok_s"], 3),
         "decode_vs_eager": round(artifact["decode_tok_s"] / eager["decode_tok_s"], 3),
         "load_avg_1m": round(load_avg, 2),
         "prompts": prompt_details(ctx.bundle),
     }
+
+
+def raw_inputs(header: dict) -> dict:
+    """The raw converter's baseline is upstream's forward over the bench prompt (no cache: a prefill)."""
+    return {"input_ids": torch.tensor([header["prompt_ids"]], dtype=torch.int32)}
+
+
+def time_raw_prefill(ctx: MeasureContext, prompt_ids: list[int], prefill_tok_s: float) -> dict:
+    """Prefill tokens/s of upstream `LlamaForCausalLM` converted as is (the bench's raw artifact, exported on
+    the same prompt), right after the bundle; `prefill_vs_raw` = the bundle's tokens/s over it. Decode has no
+    raw counterpart: upstream's graph has no cache to carry between calls."""
+    from zoo.bench import median_ms
+    from zoo.targets import get_target
+
+    raw = (ctx.header.get("raw_artifacts") or {}).get(ctx.target) or {"reason": "not measured"}
+    if "path" not in raw:
+        return {"raw_prefill_tok_s": raw["reason"], "prefill_vs_raw": "–"}
+    feeds = {"input_ids": np.asarray([prompt_ids], dtype=np.int32)}
+    with get_target(ctx.target).open(Path(raw["path"])) as runner:
+        ms = median_ms(lambda: runner.run("main", feeds), REPEATS)
+    raw_tok_s = len(prompt_ids) / (ms / 1e3)
+    return {"raw_prefill_tok_s": round(raw_tok_s, 1), "prefill_vs_raw": round(prefill_tok_s / raw_tok_s, 3)}
+
+
+def drive_for_profile(ctx: MeasureContext, runner) -> None:
+    """What `run` times, once, for the runtime's profiler: a prefill of the bench prompt, then 8 decodes."""
+    from .spec import open_session
+
+    prompt_ids = ctx.header["prompt_ids"]
+    with open_session(runner, ctx.target) as session:
+        logits = session.step(prompt_ids, 0)
+        for i in range(PROFILE_DECODE_TOKENS):
+            logits = session.step([int(np.argmax(logits))], len(prompt_ids) + i)
 
 
 def _g(value, digits=3) -> str:
@@ -210,9 +245,15 @@ GENERATION_MEASURE = Measure(
     run=run,
     prepare=prepare,
     details=details,
-    describe="prefill and decode tokens/s of the bundle's session vs eager transformers with a KV cache",
+    profile=drive_for_profile,
+    raw_baseline=True,
+    raw_inputs=raw_inputs,
+    describe="prefill and decode tokens/s of the bundle's session vs eager transformers with a KV cache; raw "
+             "converter = upstream LlamaForCausalLM converted as is at fp32 on the bench prompt (one call, no "
+             "cache: a prefill), timed after the bundle",
     columns=[("load_s", "load s"), ("prefill_tok_s", "prefill tok/s"), ("eager_prefill_tok_s", "eager"),
-             ("prefill_vs_eager", "vs eager"), ("decode_tok_s", "decode tok/s"), ("eager_decode_tok_s", "eager"),
+             ("prefill_vs_eager", "vs eager"), ("raw_prefill_tok_s", "raw converter prefill tok/s"),
+             ("prefill_vs_raw", "vs raw"), ("decode_tok_s", "decode tok/s"), ("eager_decode_tok_s", "eager"),
              ("decode_vs_eager", "vs eager"), ("litertlm_prefill_tok_s", "LiteRT-LM prefill tok/s"),
              ("litertlm_decode_tok_s", "LiteRT-LM decode tok/s"), ("runs", "runs"), ("load_avg_1m", "load avg")],
 )

@@ -9,9 +9,11 @@ alive while its functions are used, or calls silently return garbage.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import os
 import time
 import warnings
@@ -86,7 +88,8 @@ class PalettizationStats:
 
 
 def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = None, fast_kmeans: str = "off",
-                   progress=None, stats: PalettizationStats | None = None, budget_s: float | None = None):
+                   progress=None, stats: PalettizationStats | None = None, budget_s: float | None = None,
+                   kmeans_bins: int | None = None):
     """8-bit k-means palettization, one look-up table per group of 32 output channels.
 
     Weights whose leading axis is not a multiple of the group size are left in fp32 by coreai-opt
@@ -103,6 +106,11 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
     becomes inf and the group's look-up table inf/NaN — SmolLM2's layer-27 gate/up (|w| up to 9.25)
     made every logit NaN. The non-finite table check below stays as the backstop either way.
 
+    kmeans_bins (config `int8_kmeans_bins`): None runs coreai-opt's optimal 1-D k-means on every distinct value
+    of a group, in its process pool. A number runs the same solver on at most that many density-spaced bins,
+    then refines on every value (zoo/targets/coreai_kmeans.py), on threads — the stage's time falls by the
+    ratio scripts/kmeans_binned_check.py measures, at a reconstruction error it reports beside it.
+
     budget_s (config `int8_time_budget_s`): once clustering has taken this long, the remaining weights are
     skipped (cheaply: coreai-opt leaves a weight it cannot palettize as it was) and the stage then fails
     with what was done — instead of a conversion that runs for an hour with no end in sight.
@@ -114,8 +122,12 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
     _coreai_torch()
     from coreai_opt.coreai_utils import CompressionGranularity, palettize_weights
 
+    from zoo.targets.coreai_kmeans import keep_compiled_extensions_in_project
+
+    keep_compiled_extensions_in_project()
+
     deadline = None if budget_s is None else time.monotonic() + float(budget_s)
-    with _forkserver_start_method(), _sharing_tables(stats, fast_kmeans == "safe", deadline), \
+    with _forkserver_start_method(), _sharing_tables(stats, fast_kmeans == "safe", deadline, kmeans_bins), \
             _counting_weights(progress):
         compressed = palettize_weights(
             program,
@@ -146,8 +158,10 @@ def palettize_int8(program, group_size: int = 32, kmeans_workers: int | None = N
 
 
 @contextlib.contextmanager
-def _sharing_tables(stats: PalettizationStats, round_when_safe: bool, deadline: float | None = None):
-    """Cluster each distinct weight once, and round it first where that is safe.
+def _sharing_tables(stats: PalettizationStats, round_when_safe: bool, deadline: float | None = None,
+                    kmeans_bins: int | None = None):
+    """Cluster each distinct weight once, round it first where that is safe, and cluster it binned when
+    `kmeans_bins` is set (_binned_kmeans_compress).
 
     coreai-opt's per-weight work is `_blockwise_compress(weight_fp16, mode=..., nbits=..., block_sizes=...,
     ...)`, looked up as a module global at call time: wrapping it (for this call only) lets identical
@@ -179,7 +193,8 @@ def _sharing_tables(stats: PalettizationStats, round_when_safe: bool, deadline: 
             stats.rounded += 1
         elif round_when_safe:
             stats.exact_too_large += 1
-        tables[key] = original(weight, **kwargs)
+        tables[key] = (original(weight, **kwargs) if kmeans_bins is None
+                       else _binned_kmeans_compress(original, weight, kwargs, kmeans_bins))
         return tables[key]
 
     wp._blockwise_compress = shared
@@ -187,6 +202,31 @@ def _sharing_tables(stats: PalettizationStats, round_when_safe: bool, deadline: 
         yield
     finally:
         wp._blockwise_compress = original
+
+
+def _binned_kmeans_compress(compress, weight, kwargs: dict, bins: int):
+    """coreai-opt's `_blockwise_compress` with our binned k-means per group (zoo/targets/coreai_kmeans.py).
+
+    Its "CUSTOM" mode hands each group to a function and lays the results out exactly as k-means would: one
+    pass collects the groups (returning placeholders), the groups are clustered on threads, and a second
+    pass hands back the results in the same order. Vector palettization (cluster_dim > 1) and other modes
+    go to coreai-opt unchanged."""
+    from zoo.targets.coreai_kmeans import palettize_groups
+
+    if str(kwargs.get("mode", "")).upper() != "KMEANS" or kwargs.get("cluster_dim", 1) != 1:
+        return compress(weight, **kwargs)
+    nbits = int(kwargs["nbits"])
+    groups: list[np.ndarray] = []
+
+    def collect(group):
+        groups.append(group)
+        return np.zeros(1 << nbits, group.dtype), np.zeros(group.size, np.uint8)
+
+    custom = {**kwargs, "mode": "CUSTOM"}
+    if compress(weight, **custom, lut_function=collect) is None:
+        return None  # coreai-opt could not group this weight (it says why); it stays unpalettized
+    results = iter(palettize_groups(groups, nbits, bins, int(kwargs.get("num_kmeans_workers") or 1)))
+    return compress(weight, **custom, lut_function=lambda group: next(results))
 
 
 def nonfinite_lookup_tables(program) -> list[str]:
@@ -294,6 +334,7 @@ class CoreAITarget:
     precision_notes: dict[str, str] = {}
 
     export_skip_reason = None
+    has_op_profiler = True  # coreai.runtime.Profiler: RuntimeOpProfile, `open(path, profile=True)`
     compression_skipped = ("no compression pass at this precision (graph optimization always runs inside "
                            "to_coreai on coreai-torch 0.4.3)")
 
@@ -327,7 +368,7 @@ class CoreAITarget:
 
     def compress(self, program, precision: Precision, scratch: Path, int8_group_size: int = 32,
                  int8_kmeans_workers: int | None = None, int8_fast_kmeans: str = "off",
-                 int8_time_budget_s: float | None = None, progress=None, **_):
+                 int8_time_budget_s: float | None = None, int8_kmeans_bins: int | None = None, progress=None, **_):
         """Returns (program, note); note None means the stage had nothing to do. `progress(done, total)`
         hears of each weight palettized."""
         if precision.name == "int8":
@@ -336,8 +377,10 @@ class CoreAITarget:
             report = (lambda done, _: progress(done, total)) if progress else None
             stats = PalettizationStats()
             compressed = palettize_int8(program, int8_group_size, workers, int8_fast_kmeans, progress=report,
-                                        stats=stats, budget_s=int8_time_budget_s)
-            return (compressed, f"8-bit palettization, per grouped channel, group {int8_group_size}, "
+                                        stats=stats, budget_s=int8_time_budget_s, kmeans_bins=int8_kmeans_bins)
+            solver = ("optimal k-means on every distinct value" if int8_kmeans_bins is None
+                      else f"optimal k-means on {int8_kmeans_bins} bins + Lloyd refinement")
+            return (compressed, f"8-bit palettization, per grouped channel, group {int8_group_size}, {solver}, "
                                 f"{workers} k-means worker(s); {stats.describe()}")
         return program, None
 
@@ -360,8 +403,10 @@ class CoreAITarget:
 
         write_bundle_metadata(bundle_dir, facts)
 
-    def open(self, path: Path) -> "CoreAIRunner":
-        return CoreAIRunner(path)
+    def open(self, path: Path, profile: bool = False) -> "CoreAIRunner":
+        """profile=True: every function reports its per-op times to the runtime's profiler
+        (`runner.op_profile()`); it adds a Python callback per op, so never on a timed run."""
+        return CoreAIRunner(path, profile=profile)
 
     def doctor_targets(self, cfg) -> list[str]:
         """Which zoo.doctor rule targets apply to graphs converted here."""
@@ -383,10 +428,57 @@ class CoreAITarget:
         return {p: version(p) for p in ("coreai-core", "coreai-torch", "coreai-opt", "torch")}
 
 
+class RuntimeOpProfile:
+    """Where a Core AI function spends its time, from the runtime's own profiler (`coreai.runtime.Profiler`).
+
+    The runtime reports an interval per executed op ("call.coreai.<op>", "call.coreai.decomposable.<op>",
+    nanosecond timestamps) inside one "Function Execute" interval per call; this sums them per op name.
+    tests/test_coreai_profile.py checks on a Linear stack that the op intervals account for the execute
+    interval, and that an untransposed weight shows up as `transpose` time the graph-form pass removes."""
+
+    OP_PREFIX = "call.coreai."
+
+    def __init__(self, rt):
+        self.calls: collections.Counter = collections.Counter()
+        self.op_ns: collections.Counter = collections.Counter()
+        self.execute_ns = 0
+        self.executions = 0
+        self._open: dict[int, tuple[str, int]] = {}
+        self._ids = itertools.count()
+        self.profiler = rt.Profiler(on_log_event_begin=self._begin, on_log_event_end=self._end)
+
+    def _begin(self, event) -> int:
+        key = next(self._ids)
+        self._open[key] = (event.event_id, event.timestamp)
+        return key
+
+    def _end(self, event, key: int) -> None:
+        name, start = self._open.pop(key, ("", event.timestamp))
+        if name.startswith(self.OP_PREFIX):
+            op = name[len(self.OP_PREFIX):].removeprefix("decomposable.")
+            self.calls[op] += 1
+            self.op_ns[op] += event.timestamp - start
+        elif name == "Function Execute":
+            self.execute_ns += event.timestamp - start
+            self.executions += 1
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.op_ns.clear()
+        self.execute_ns = self.executions = 0
+
+    def table(self, top: int | None = None) -> dict:
+        """{"executions", "execute_ms", "ops": [{op, calls, ms, share}] by time, share of all op time}."""
+        total = sum(self.op_ns.values()) or 1
+        ops = [{"op": op, "calls": self.calls[op], "ms": round(ns / 1e6, 3), "share": round(ns / total, 4)}
+               for op, ns in self.op_ns.most_common(top)]
+        return {"executions": self.executions, "execute_ms": round(self.execute_ns / 1e6, 3), "ops": ops}
+
+
 class CoreAIRunner:
     """Keeps one `AIModel` alive (an open `executable()` context) for as long as the runner lives."""
 
-    def __init__(self, path: Path, verify: bool = True):
+    def __init__(self, path: Path, verify: bool = True, profile: bool = False):
         if verify:  # before the runtime parses it: a truncated .aimodel aborts the process (SIGABRT)
             from zoo.integrity import verify_artifact_in_bundle
 
@@ -401,7 +493,18 @@ class CoreAIRunner:
         asset = AIModelAsset.load(Path(path))
         self._model = self._loop.run_until_complete(self._stack.enter_async_context(asset.executable()))
         self.function_names = list(self._model.function_names)
-        self._functions = {name: self._model.load_function(name) for name in self.function_names}
+        self._profiles = {name: RuntimeOpProfile(rt) for name in self.function_names} if profile else {}
+        self._functions = {name: (self._model.load_function(name, profiler=self._profiles[name].profiler)
+                                  if profile else self._model.load_function(name))
+                           for name in self.function_names}
+
+    def op_profile(self, top: int | None = None) -> dict[str, dict]:
+        """Per function that ran since the last reset: RuntimeOpProfile.table (needs profile=True)."""
+        return {name: p.table(top) for name, p in self._profiles.items() if p.executions}
+
+    def reset_profile(self) -> None:
+        for p in self._profiles.values():
+            p.reset()
 
     def state_specs(self, function: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Shape and dtype of each state a function declares, read from the bundle itself."""
@@ -433,6 +536,7 @@ class CoreAIRunner:
         if self._loop.is_closed():
             return
         self._functions.clear()
+        self._profiles.clear()
         self._loop.run_until_complete(self._stack.aclose())
         self._model = None
         self._loop.close()
