@@ -459,3 +459,50 @@ class BiRefNet(nn.Module):
 
     def forward(self, image):
         return torch.sigmoid(self.logits((image - self.pixel_mean) / self.pixel_std))
+
+
+# ---------------------------------------------------------------- host side: upstream's remove_background around the graph
+
+
+def resize_for_matting(image: torch.Tensor, size: int) -> torch.Tensor:
+    """upstream remove_background's input resize: [1, 3, H, W] in [0, 1] -> [1, 3, size, size], bilinear,
+    align_corners=True (the ImageNet normalisation is in the graph)."""
+    return F.interpolate(image, size=(size, size), mode="bilinear", align_corners=True)
+
+
+def alpha_to_image_size(alpha: torch.Tensor, height: int, width: int) -> np.ndarray:
+    """upstream remove_background's output: the matte resized back (bilinear, align_corners=True), clamped, and
+    truncated to uint8 as its `(alpha.clamp(0, 1) * 255).to(torch.uint8)` does -> [height, width] uint8."""
+    alpha = F.interpolate(alpha.float(), size=(height, width), mode="bilinear", align_corners=True)[0, 0]
+    return (alpha.clamp(0, 1) * 255).to(torch.uint8).numpy()
+
+
+def gate_photo(size: int) -> np.ndarray:
+    """The background remover's gate input, an RGB photo with no alpha (uint8 [size, size, 3]): the encoders' test
+    card (a shaded disc) composited over a striped, shaded background, so there is an object to cut out."""
+    from models.triposplat.encoders import test_card
+
+    card = test_card(size).astype(np.float64) / 255.0
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float64) / size
+    stripes = 0.5 + 0.5 * np.sin(2 * np.pi * 6 * (xx + 0.5 * yy))
+    backdrop = np.stack([0.3 + 0.4 * yy, 0.5 + 0.3 * stripes, 0.6 - 0.3 * xx], axis=-1)
+    alpha = card[..., 3:]
+    rgb = card[..., :3] * alpha + backdrop * (1 - alpha)
+    return (np.clip(rgb, 0, 1) * 255).round().astype(np.uint8)
+
+
+def seeded_state(cfg: BiRefNetConfig, seed: int) -> dict[str, torch.Tensor]:
+    """A BiRefNet state dict (upstream keys) for weights=random: torch's default init under a seed, BatchNorm
+    statistics and norm affines perturbed so that none is the identity."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        state = BiRefNet(cfg).state_dict()
+        generator = torch.Generator().manual_seed(int(seed) + 17)
+        for key, value in state.items():
+            if key.endswith("running_mean"):
+                state[key] = 0.5 * torch.randn(value.shape, generator=generator)
+            elif key.endswith("running_var"):
+                state[key] = torch.exp(torch.empty(value.shape).uniform_(-1.0, 1.0, generator=generator))
+            elif value.ndim == 1 and value.is_floating_point() and ("norm" in key or ".bn" in key):
+                state[key] = value + 0.1 * torch.randn(value.shape, generator=generator)
+    return {k: v.clone().contiguous() for k, v in state.items()}
