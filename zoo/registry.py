@@ -95,6 +95,9 @@ class Component:
                                        speech_recognizer) where one fits, else the generic default
     language(checkpoint, cfg)       -> for kind "llm": {tokenizer (folder in the bundle), vocab_size,
                                        max_context_length} — the language block Apple's LanguageBundle reads
+    optional                        -> `zoo generate` runs the model's pipeline without this component's
+                                       bundle when the folder has none (TripoSplat's background remover: only
+                                       images without alpha need it); its run_pipeline sees whether it is there
     """
 
     name: str
@@ -111,6 +114,7 @@ class Component:
     runtimes: dict[str, Callable] = field(default_factory=dict)
     bundle_kind: str = GENERIC_BUNDLE_KIND
     language: Callable | None = None
+    optional: bool = False
 
 
 @dataclass

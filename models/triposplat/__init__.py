@@ -410,7 +410,7 @@ def seeded_background_part(cfg, seed: int) -> tuple[dict, dict[str, torch.Tensor
 
 BACKGROUND_COMPONENT = Component(name="background-remover", build=background_build, reference=background_reference,
                                  example_inputs=background_inputs, output_names=["alpha"],
-                                 entries=background_entries, extra_files=background_extra_files)
+                                 entries=background_entries, extra_files=background_extra_files, optional=True)
 
 
 # ---------------------------------------------------------------- weights
@@ -490,7 +490,7 @@ COMPONENTS = [
 ]
 
 def run_pipeline(*args, **kwargs) -> str:
-    """`zoo generate triposplat --bundles DIR --image cutout.png --out splats.ply` (models/triposplat/bundles.py)."""
+    """`zoo generate triposplat --bundles DIR --image photo.png --out splats.ply` (models/triposplat/bundles.py)."""
     from models.triposplat.bundles import run_bundles
 
     return run_bundles(*args, **kwargs)
@@ -506,6 +506,6 @@ SPEC = ModelSpec(
     pipeline_tag="image-to-3d",
     license="mit",
     run_pipeline=run_pipeline,
-    pipeline_inputs=("image",),   # an RGBA cut-out (models/triposplat/image_input.py; no BiRefNet: README)
+    pipeline_inputs=("image",),   # an RGBA cut-out, or a photo with the background-remover bundle (image_input.py)
     real_size=REAL_SIZE,   # `make real-size MODEL=triposplat` (models/triposplat/real_size.py)
 )
