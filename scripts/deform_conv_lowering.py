@@ -11,6 +11,7 @@ Each is converted with litert-torch (ops emitted, CPU interpreter vs eager, then
 accepted or not, and its fp32 numerics vs the CPU) and with coreai-torch (converted or the error, then the
 artifact on the Core AI CPU runtime vs eager). torchvision's own op cannot be tried: torchvision cannot live in
 this venv (its parity with the two forms is tests/test_deform_conv.py's, on upstream's golden output).
+Last, the largest buffer each form needs in the real BiRefNet (1024² input), per deformable layer size.
 """
 
 from __future__ import annotations
@@ -117,7 +118,23 @@ def main(argv: list[str]) -> int:
                 print(f"{form}: eager vs the gather form max-abs {np.abs(module(x).numpy() - ref).max():.2e}")
                 print(f"  litert: {litert_row(module, x, ref, Path(tmp))}")
                 print(f"  coreai: {coreai_row(module, x, ref, Path(tmp))}")
+    real_size_buffers()
     return 0
+
+
+def real_size_buffers() -> None:
+    """Real BiRefNet: the deformable layers take block_channels (64) channels at the decoder's levels (strides 32,
+    16, 8, 4 of 1024²), kernels 1, 3, 7. tent: [C·H, taps·pixels]; gather: the sampled taps [taps·pixels, C]."""
+    from models.triposplat.background import SWIN_STRIDES, BiRefNetConfig
+
+    cfg = BiRefNetConfig()
+    c = cfg.block_channels
+    for stride in reversed(SWIN_STRIDES):
+        side = cfg.image_size // stride
+        for k in cfg.aspp_kernels:
+            tent = deformable.tent_intermediate_bytes(c, side, k * k, side * side)
+            gather = c * k * k * side * side * 4
+            print(f"real {side}x{side}, kernel {k}: tent {tent / 2**20:,.1f} MiB, gather {gather / 2**20:,.1f} MiB (fp32)")
 
 
 if __name__ == "__main__":

@@ -159,7 +159,13 @@ def main() -> None:
         io["deform.output"] = captured["output"]
     io.update({"x1": x1, "x2": x2, "x3": x3, "x4": x4, "logits": logits, "alpha": alpha})
     save_file({k: v.contiguous() for k, v in io.items()}, OUT / "background_tiny_io.safetensors")
-    params = sum(v.numel() for k, v in state.items() if v.is_floating_point() and "running" not in k)
+    params = sum(p.numel() for p in net.parameters())
+    provenance_path = OUT / "provenance.json"
+    provenance = json.loads(provenance_path.read_text())
+    provenance["background"] = {"config": TINY, "seed": SEED, "io_seed": SEED + 2, "keys": len(state),
+                                "params": params, "weights_dtype": "float16",
+                                "deform_layer": "decoder.decoder_block2.dec_att.aspp_deforms.1.atrous_conv"}
+    provenance_path.write_text(json.dumps(provenance, indent=2, sort_keys=True) + "\n")
     off = io["deform.offset"]
     print(f"[background goldens] {len(state)} keys, {params} parameters; logits in [{logits.min():.3f}, "
           f"{logits.max():.3f}], alpha std {alpha.std():.3f}; sampled offsets |max| {off.abs().max():.2f} px")

@@ -134,6 +134,29 @@ def test_component_builds_from_the_tiny_checkpoint_with_the_gate_photo():
     assert alpha.shape == (1, 1, 64, 64) and float(alpha.min()) >= 0 and float(alpha.max()) <= 1
 
 
+def test_each_target_gets_its_sampler_form_unless_the_config_names_one(golden):
+    """LiteRT: the tent form (no GATHER, which its GPU delegate rejects); Core AI: the gather form;
+    model.background.sampler overrides (real size on LiteRT needs gather), and anything else is refused."""
+    import models.triposplat as tripo
+    from zoo.registry import load_model_config
+
+    cfg = load_model_config("triposplat")
+    net = port(golden)
+
+    def forms():
+        return {m.sampler for m in net.modules() if isinstance(m, bg.DeformableConv2d)}
+
+    for target, form in (("litert", "tent"), ("coreai", "gather")):
+        (entry,) = tripo.background_entries(net, {"image": torch.zeros(1, 3, 64, 64)}, target, cfg)
+        assert forms() == {form} and entry.output_names == ["alpha"]
+    cfg.background.sampler = "gather"
+    tripo.background_entries(net, {}, "litert", cfg)
+    assert forms() == {"gather"}
+    cfg.background.sampler = "nearest"
+    with pytest.raises(ZooError, match="model.background.sampler"):
+        tripo.background_entries(net, {}, "litert", cfg)
+
+
 # ---------------------------------------------------------------- a photo without alpha in the pipeline
 
 
@@ -246,3 +269,40 @@ def test_wrong_normalisation_in_the_graph_fails_the_gate(negative):
     assert report["status"] == "failed"
     failed = {g["metric"] for g in report["gates"] if not g["passed"]}
     assert {"cosine", "rel_max_abs"} <= failed
+
+
+@pytest.fixture(scope="module")
+def six_bundles(tmp_path_factory):
+    """Every component on LiteRT at fp32 (GPU check off: the fp32 conversion above has it) for `zoo generate`."""
+    yield from background_convert.start(tmp_path_factory.mktemp("six"),
+                                        ["model=triposplat", "target=litert", "precision=fp32", "model.gpu.check=false"],
+                                        "triposplat")
+
+
+@pytest.mark.slow
+def test_generate_cuts_a_photo_out_through_the_six_bundles(six_bundles, tmp_path, run_cli):
+    """`zoo generate triposplat --image photo.png` on an RGB photo: the background-remover bundle's matte, then the
+    five networks; the .ply matches the same chain over the eager references (the port's BiRefNet among them)."""
+    from PIL import Image
+
+    import models.triposplat as tripo
+    from models.triposplat import bundles, image_input, ply
+    from zoo import weights
+    from zoo.registry import load_model_config
+
+    folder = background_convert.finished(six_bundles)
+    Image.fromarray(bg.gate_photo(150), "RGB").save(tmp_path / "photo.png")
+    out = tmp_path / "splats.ply"
+    result = run_cli("zoo.generate", "triposplat", "--bundles", str(folder), "--target", "litert",
+                     "--image", str(tmp_path / "photo.png"), "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "cut out by the background-remover bundle" in result.stdout and "2048 Gaussians" in result.stdout
+    cfg = load_model_config("triposplat")
+    checkpoint = weights.resolve(cfg, "tiny", tripo.TINY_DIR, tripo.random_checkpoint)
+    chain = bundles.eager_chain(checkpoint, cfg)
+    image = image_input.load(tmp_path / "photo.png", tripo.encoder_image_size(checkpoint, cfg), chain.matte)
+    gaussians, _ = bundles.chain(chain, image, int(cfg.seed))
+    eager = ply.read_ply(ply.ply_bytes(ply.ply_arrays(gaussians)))
+    splats = ply.read_ply(out)
+    for name in ("x", "y", "z", "f_dc_0", "opacity", "scale_0", "rot_0"):
+        np.testing.assert_allclose(splats[name], eager[name], atol=2e-3, err_msg=name)

@@ -369,10 +369,14 @@ def background_reference(checkpoint: Checkpoint, cfg) -> nn.Module:
 
 
 def background_entries(module: nn.Module, inputs: dict, target: str, cfg):
-    """One `main` graph with the deformable sampler form of the target (background.FORMS_BY_TARGET)."""
+    """One `main` graph with the deformable sampler form of the target (background.FORMS_BY_TARGET), or the one
+    `model.background.sampler` names (real size on LiteRT: gather; the tent form's buffers do not fit, README)."""
     from zoo.targets import Entry
 
-    form = bg.FORMS_BY_TARGET[target]
+    chosen = str(cfg.background.sampler)
+    if chosen != "auto" and chosen not in bg.SAMPLERS:
+        raise ZooError(f"model.background.sampler = {chosen!r}.", f"use auto or one of {', '.join(bg.SAMPLERS)}.")
+    form = bg.FORMS_BY_TARGET[target] if chosen == "auto" else chosen
     for net in (m for m in module.modules() if isinstance(m, bg.BiRefNet)):   # inside a precision wrapper too
         net.set_sampler(form)
     return [Entry("main", module, dict(inputs), ["alpha"])]
@@ -401,6 +405,9 @@ class BackgroundSection:
     # upstream's ImageNet constants; anything else is the background-remover gate's negative control (README)
     pixel_mean: list = field(default_factory=lambda: list(bg.IMAGENET_MEAN))
     pixel_std: list = field(default_factory=lambda: list(bg.IMAGENET_STD))
+    # the deformable convolutions' sampling form: auto = background.FORMS_BY_TARGET (LiteRT tent, Core AI gather);
+    # gather | tent force one (scripts/deform_conv_lowering.py: the tent form's buffer at real size)
+    sampler: str = "auto"
 
 
 def seeded_background_part(cfg, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
