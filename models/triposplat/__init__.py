@@ -14,7 +14,8 @@ upstream-made golden checkpoint in models/triposplat/tiny (scripts/make_tripospl
 Conditioning: the DiT takes upstream's conditioning tensors (DINOv3 features `feature1`, FLUX.2 VAE latent
 `feature2`) as graph inputs; the `image-encoder` and `vae-encoder` components make them from an RGBA cut-out
 (models/triposplat/encoders.py, checkpoint parts `image_encoder` and `vae_encoder`), and `zoo generate` chains
-all five bundles. The DiT's own gates keep seeded stand-ins of the right shapes and statistics
+all five bundles. The optional `background-remover` (upstream's BiRefNet, models/triposplat/background.py, part
+`background_remover`) cuts a photo without alpha out first when its bundle is in the folder. The DiT's own gates keep seeded stand-ins of the right shapes and statistics
 (`seeded_conditioning`): its teacher-forced steps need no encoder run, and its gate figures stay comparable.
 """
 
