@@ -268,6 +268,18 @@ class SwinBackbone(nn.Module):
 # ---------------------------------------------------------------- ASPP with deformable convolutions
 
 
+class BatchNorm2d(nn.BatchNorm2d):
+    """nn.BatchNorm2d's keys, applied (eval) as one per-channel scale and shift computed from the weights: coreai-torch
+    0.4.3 refuses the batch_norm op in a bf16 graph ("_native_batch_norm_legit_no_training[1]: dtype f32 vs bf16",
+    `zoo.convert ... component=background-remover target=coreai precision=bf16`)."""
+
+    def forward(self, x):
+        scale = self.weight * torch.rsqrt(self.running_var + self.eps)
+        shift = self.bias - self.running_mean * scale
+        return x * scale.reshape(1, -1, 1, 1) + shift.reshape(1, -1, 1, 1)
+
+
+
 class DeformableConv2d(nn.Module):
     """upstream _DeformableConv2d: offsets and a 2·sigmoid modulator from plain convolutions, then DCNv2."""
 
@@ -290,7 +302,7 @@ class ASPPModule(nn.Module):
     def __init__(self, cin: int, planes: int, kernel: int, padding: int):
         super().__init__()
         self.atrous_conv = DeformableConv2d(cin, planes, kernel, padding)
-        self.bn = nn.BatchNorm2d(planes)
+        self.bn = BatchNorm2d(planes)
 
     def forward(self, x):
         return F.relu(self.bn(self.atrous_conv(x)))
@@ -302,9 +314,9 @@ class ASPPDeformable(nn.Module):
         self.aspp1 = ASPPModule(channels, inter, 1, 0)
         self.aspp_deforms = nn.ModuleList(ASPPModule(channels, inter, k, k // 2) for k in kernels)
         self.global_avg_pool = nn.Sequential(nn.AdaptiveAvgPool2d((1, 1)), nn.Conv2d(channels, inter, 1, bias=False),
-                                             nn.BatchNorm2d(inter), nn.ReLU())
+                                             BatchNorm2d(inter), nn.ReLU())
         self.conv1 = nn.Conv2d(inter * (2 + len(kernels)), channels, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(channels)
+        self.bn1 = BatchNorm2d(channels)
 
     def forward(self, x):
         x1 = self.aspp1(x)
@@ -321,10 +333,10 @@ class DecoderBlock(nn.Module):
         super().__init__()
         inter = cfg.block_channels
         self.conv_in = nn.Conv2d(cin, inter, 3, 1, 1)
-        self.bn_in = nn.BatchNorm2d(inter)
+        self.bn_in = BatchNorm2d(inter)
         self.dec_att = ASPPDeformable(inter, cfg.aspp_channels, cfg.aspp_kernels)
         self.conv_out = nn.Conv2d(inter, cout, 3, 1, 1)
-        self.bn_out = nn.BatchNorm2d(cout)
+        self.bn_out = BatchNorm2d(cout)
 
     def forward(self, x):
         return self.bn_out(self.conv_out(self.dec_att(F.relu(self.bn_in(self.conv_in(x))))))
@@ -364,7 +376,7 @@ def upsample(x: torch.Tensor, size) -> torch.Tensor:
 
 
 def gdt_branch(cin: int, width: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, width, 3, 1, 1), nn.BatchNorm2d(width), nn.ReLU())
+    return nn.Sequential(nn.Conv2d(cin, width, 3, 1, 1), BatchNorm2d(width), nn.ReLU())
 
 
 class Decoder(nn.Module):

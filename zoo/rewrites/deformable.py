@@ -46,8 +46,8 @@ def sample_tent(x: torch.Tensor, iy: torch.Tensor, ix: torch.Tensor, weight: tor
     """Zero-padded bilinear samples of x [B, C, H, W] at (iy, ix) [B, P], times weight [B, P] -> [B, P, C]."""
     b, c, h, w = x.shape
     p = iy.shape[1]
-    wx = tent_axis(ix, w)                                        # [B, P, W]
-    wy = tent_axis(iy, h) * weight.unsqueeze(-1)                 # [B, P, H]
+    wx = tent_axis(ix, w).to(x.dtype)                            # [B, P, W]
+    wy = (tent_axis(iy, h) * weight.unsqueeze(-1)).to(x.dtype)   # [B, P, H]
     rows = x.reshape(b, c * h, w) @ wx.transpose(1, 2)           # [B, C·H, P]: every row sampled at every ix
     rows = rows.reshape(b, c, h, p).permute(0, 3, 1, 2)          # [B, P, C, H]
     return (rows @ wy.unsqueeze(-1)).reshape(b, p, c)            # weighted over H
@@ -69,7 +69,7 @@ def sample_gather(x: torch.Tensor, iy: torch.Tensor, ix: torch.Tensor, weight: t
             corner = wy * wx * inside_integer(yc, h) * inside_integer(xc, w) * weight
             index = base + yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)
             picked = rows.index_select(0, index.reshape(-1).to(torch.int32)).reshape(b, p, c)
-            term = picked * corner.unsqueeze(-1)
+            term = picked * corner.unsqueeze(-1).to(x.dtype)
             out = term if out is None else out + term
     return out
 
@@ -111,10 +111,12 @@ def deform_conv2d(x: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor, b
                          f"{tuple(offset.shape)}, weight {tuple(weight.shape)})")
     p = k * ho * wo
     grid_y, grid_x = tap_grid((kh, kw), (ho, wo), _pair(stride), _pair(padding), _pair(dilation))
-    pairs = offset.reshape(b, k, 2, ho * wo)
-    iy = (pairs[:, :, 0] + const_like(grid_y, x)).reshape(b, p)
-    ix = (pairs[:, :, 1] + const_like(grid_x, x)).reshape(b, p)
-    scale = mask.reshape(b, p) if mask is not None else const_like(np.ones((b, p)), x)
+    # Coordinates and weights in fp32 whatever the graph's dtype: bf16 keeps 8 mantissa bits (half a pixel at 256),
+    # and coreai-torch 0.4.3 refuses a bf16 floor-divide ("div: dtype f32 vs bf16", `target=coreai precision=bf16`).
+    pairs = offset.float().reshape(b, k, 2, ho * wo)
+    iy = (pairs[:, :, 0] + const_like(grid_y, pairs)).reshape(b, p)
+    ix = (pairs[:, :, 1] + const_like(grid_x, pairs)).reshape(b, p)
+    scale = mask.float().reshape(b, p) if mask is not None else const_like(np.ones((b, p)), pairs)
     sample = sample_tent if sampler == "tent" else sample_gather
     taps = sample(x, iy, ix, scale)                                             # [B, K·Ho·Wo, C]
     cols = taps.reshape(b, k, ho * wo, c).permute(0, 2, 1, 3).reshape(b, ho * wo, k * c)
