@@ -23,10 +23,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from zoo.rewrites import inspect as tfl
 from zoo.rewrites.activations import clamp01
 from zoo.rewrites.arith import floor_gpu_safe
-from zoo.rewrites.base import const_like
+from zoo.rewrites.base import LITERT_GPU, NEEDED, Demo, ModuleSwap, Rewrite, apply_swap, const_like, seeded
 
 SAMPLERS = ("gather", "tent")
 
@@ -127,3 +129,67 @@ def deform_conv2d(x: torch.Tensor, offset: torch.Tensor, weight: torch.Tensor, b
 def tent_intermediate_bytes(channels: int, height: int, taps: int, out_pixels: int, itemsize: int = 4) -> int:
     """The tent form's largest buffer ([B, C·H, P], P = taps × output pixels), in bytes."""
     return channels * height * taps * out_pixels * itemsize
+
+
+# --- module form and the registry entry ------------------------------------------------------------------
+
+
+class DeformConv2d(nn.Module):
+    """torchvision.ops.DeformConv2d's parameters (`weight`, `bias`) and call (x, offset, mask), one offset group,
+    with the sampling form chosen (`sampler`): a module that models can hold and the registry can swap."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, padding: int = 0, dilation: int = 1,
+                 bias: bool = True, sampler: str = "gather"):
+        super().__init__()
+        self.stride, self.padding, self.dilation, self.sampler = stride, padding, dilation, sampler
+        self.weight = nn.Parameter(torch.empty(cout, cin, kernel, kernel))
+        self.bias = nn.Parameter(torch.empty(cout)) if bias else None
+        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -0.1, 0.1)
+
+    def forward(self, x, offset, mask=None):
+        return deform_conv2d(x, offset, self.weight, self.bias, self.stride, self.padding, self.dilation, mask,
+                             self.sampler)
+
+
+def _tent_copy(m: DeformConv2d) -> DeformConv2d | None:
+    if m.sampler == "tent":
+        return None
+    new = DeformConv2d(m.weight.shape[1], m.weight.shape[0], m.weight.shape[-1], m.stride, m.padding, m.dilation,
+                       m.bias is not None, sampler="tent")
+    new.load_state_dict(m.state_dict())
+    return new
+
+
+_SWAP_TENT = ModuleSwap((DeformConv2d,), _tent_copy)
+
+
+def _demo_deform() -> Demo:
+    torch.manual_seed(0)
+    before = DeformConv2d(4, 5, 3, padding=1).eval()
+    x = torch.randn(1, 4, 8, 8, generator=seeded(23))
+    offset = 2.0 * torch.randn(1, 18, 8, 8, generator=seeded(24))       # some samples fall past the border
+    mask = 2.0 * torch.rand(1, 9, 8, 8, generator=seeded(25))
+    return Demo(before, apply_swap(before, _SWAP_TENT)[0], (x, offset, mask))
+
+
+REWRITES = [
+    Rewrite(
+        id="deform_conv_tent",
+        family="deformable",
+        fixes="GATHER_ND from a deformable convolution's bilinear sampling (torchvision.ops.deform_conv2d has no "
+        "lowering at all; its gather form or F.grid_sample emit GATHER_ND, which the GPU delegate rejects)",
+        targets=(LITERT_GPU,),
+        exactness="<=1e-6",
+        status=NEEDED,
+        detect=lambda p: tfl.find_ops(p, "GATHER_ND", "GATHER", "BROADCAST_TO") + tfl.find_rank_over(p),
+        demo=_demo_deform,
+        swap=_SWAP_TENT,
+        function=deform_conv2d,
+        emits_before=("GATHER_ND",),
+        notes="The tent form's buffer is channels x map height x taps x pixels (tent_intermediate_bytes): fine for "
+        "small maps, far too big for BiRefNet at 1024² (scripts/deform_conv_lowering.py); the gather form is the "
+        "one for Core AI and for the LiteRT CPU at that size.",
+    ),
+]
