@@ -4,6 +4,8 @@
     python -m zoo.convert model=triposplat component=background-remover target=all   # fp16
     python -m zoo.convert model=triposplat component=background-remover target=coreai precision=fp32 \
         'model.background.pixel_mean=[0.5,0.5,0.5]' 'model.background.pixel_std=[0.5,0.5,0.5]'   # must fail
+    python -m zoo.convert model=triposplat component=background-remover target=coreai precision=bf16
+    python -m zoo.convert model=triposplat component=background-remover target=all precision=int8
     python scripts/triposplat_background_table.py [exports/triposplat ...]
 
 One row per background-remover bundle (a gate-failed one, kept as `<bundle>.failed`, too): the matte's cosine and

@@ -230,8 +230,7 @@ def test_optional_checkpoint_file_loads_when_present(tmp_path):
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """fp32 on both targets with the LiteRT GPU check (measured here: LiteRT ~3.8 min, most of it the GPU check on
-    software Vulkan; Core AI ~50 s)."""
+    """fp32 on both targets with the LiteRT GPU check (minutes here: the README's table has the seconds)."""
     yield from background_convert.start(tmp_path_factory.mktemp("background"),
                                         ["model=triposplat", "component=background-remover", "target=all",
                                          "precision=fp32"], "triposplat")
