@@ -173,7 +173,8 @@ class ModelSpec:
     run_pipeline: Callable | None = None
     # What its run_pipeline takes from the command line: "prompt" (text) and/or "image" (a file path). zoo generate
     # refuses what a pipeline does not take and asks for what it needs before any bundle is opened; run_pipeline
-    # gets prompt=None when it takes none (TripoSplat: "image" only, an RGBA cut-out).
+    # gets prompt=None when it takes none (TripoSplat: "image" only, a cut-out or, with its background-remover
+    # bundle, a photo).
     pipeline_inputs: tuple[str, ...] = ("prompt",)
     # `zoo real-size MODEL` / `make real-size MODEL=...`: the real-size table (zoo/real_size.py); None: not declared
     real_size: RealSize | None = None
