@@ -45,9 +45,13 @@ def tripo():
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """`zoo.convert model=triposplat target=all precision=fp32` (tiny) in a subprocess, started at once."""
+    """`zoo.convert model=triposplat target=all precision=fp32` (tiny) in a subprocess, started at once: the five
+    components `zoo generate` needs for a cut-out. The optional background-remover (minutes here, most of it its
+    LiteRT GPU check) is converted by tests/test_triposplat_background.py's slow tests."""
     yield from background_convert.start(tmp_path_factory.mktemp("triposplat-exports"),
-                                        ["model=triposplat", "target=all", "precision=fp32"], "triposplat")
+                                        ["model=triposplat", "target=all", "precision=fp32",
+                                         "component=[image-encoder,vae-encoder,dit,octree-decoder,gaussian-decoder]"],
+                                        "triposplat")
 
 
 def test_conversion_started(converted):  # first in the module: conversion runs while the port tests do
@@ -423,7 +427,8 @@ def test_generate_writes_a_splat_ply_from_an_image_through_the_five_bundles(conv
 
 
 def test_generate_refuses_bad_images_a_prompt_or_another_format(converted, tmp_path, run_cli):
-    """Exit 2, one paragraph, no traceback: no --image, an RGB photo (no BiRefNet here: the fix is named), a file
+    """Exit 2, one paragraph, no traceback: no --image, an RGB photo with no background-remover bundle in the
+    folder (the fix is named), a file
     that is not an image, a missing file, a --prompt, a non-.ply output."""
     from PIL import Image
 

@@ -32,7 +32,8 @@ def find_bundles(folder: Path) -> list[tuple[Path, dict]]:
 
 def pick_bundles(found: list[tuple[Path, dict]], model: str | None, target: str | None) -> tuple[str, str, dict[str, Path]]:
     """(model, target, {component: bundle}): exactly one passed bundle per component for one target; where a
-    component has several precisions, its default precision for that target."""
+    component has several precisions, its default precision for that target. An optional component (Component.
+    optional) with no bundle for the target is left out; one with several is chosen like any other."""
     from zoo.precision import default_precision
     from zoo.registry import get_spec, load_model_config
 
@@ -45,7 +46,8 @@ def pick_bundles(found: list[tuple[Path, dict]], model: str | None, target: str 
     mine = [(p, m) for p, m in found if m.get("model") == model and m.get("status") == "passed"]
     targets = sorted({m.get("target") for _, m in mine})
     if target is None:
-        complete = [t for t in targets if {c.name for c in spec.components} <= {m.get("component") for _, m in mine if m.get("target") == t}]
+        required = {c.name for c in spec.components if not c.optional}
+        complete = [t for t in targets if required <= {m.get("component") for _, m in mine if m.get("target") == t}]
         if len(complete) != 1:
             raise ZooError(f"Bundles for {', '.join(complete) or 'no target'} have every {model} component.",
                            "pick the target with --target coreai|litert (convert all components for it first).")
@@ -56,6 +58,8 @@ def pick_bundles(found: list[tuple[Path, dict]], model: str | None, target: str 
         if len(options) > 1:
             default = default_precision(cfg, target, component.name)
             options = [(p, m) for p, m in options if m.get("precision") == default]
+        if not options and component.optional:
+            continue
         if len(options) != 1:
             raise ZooError(f"No single passed {model} {component.name} bundle for {target} under the folder "
                            f"({len(options)} candidates).",

@@ -103,6 +103,9 @@ class Component:
                                        speech_recognizer) where one fits, else the generic default
     language(checkpoint, cfg)       -> for kind "llm": {tokenizer (folder in the bundle), vocab_size,
                                        max_context_length} — the language block Apple's LanguageBundle reads
+    optional                        -> `zoo generate` runs the model's pipeline without this component's
+                                       bundle when the folder has none (TripoSplat's background remover: only
+                                       images without alpha need it); its run_pipeline sees whether it is there
     """
 
     name: str
@@ -119,6 +122,7 @@ class Component:
     runtimes: dict[str, Callable] = field(default_factory=dict)
     bundle_kind: str = GENERIC_BUNDLE_KIND
     language: Callable | None = None
+    optional: bool = False
 
 
 @dataclass
@@ -177,7 +181,8 @@ class ModelSpec:
     run_pipeline: Callable | None = None
     # What its run_pipeline takes from the command line: "prompt" (text) and/or "image" (a file path). zoo generate
     # refuses what a pipeline does not take and asks for what it needs before any bundle is opened; run_pipeline
-    # gets prompt=None when it takes none (TripoSplat: "image" only, an RGBA cut-out).
+    # gets prompt=None when it takes none (TripoSplat: "image" only, a cut-out or, with its background-remover
+    # bundle, a photo).
     pipeline_inputs: tuple[str, ...] = ("prompt",)
     # `zoo real-size MODEL` / `make real-size MODEL=...`: the real-size table (zoo/real_size.py); None: not declared
     real_size: RealSize | None = None

@@ -125,6 +125,9 @@ class ModelConfig:
     # TripoSplat's diffusion_models/triposplat_fp16.safetensors): weights=local:FOLDER / hub load those files,
     # keys prefixed `part.`, and the architecture comes from the variant (zoo/weights.py load_named_files).
     checkpoint_files: dict[str, str] = field(default_factory=dict)
+    # the same for parts a checkpoint may lack (TripoSplat's background remover: only photos without alpha need it):
+    # loaded when the folder has the file, left out when not
+    optional_checkpoint_files: dict[str, str] = field(default_factory=dict)
     default_precision: dict[str, str] = MISSING
     # component -> {target: precision}: a component whose default differs from the model's (LTX-Video's T5)
     component_precision: dict[str, Any] = field(default_factory=dict)

@@ -138,14 +138,17 @@ def load_pipeline_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], d
     return config, state_dict, hashes
 
 
-def load_named_files(folder: Path, files: dict) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
+def load_named_files(folder: Path, files: dict, optional: dict | None = None) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:
     """A checkpoint shipped as named weight files with no config.json (TripoSplat: `diffusion_models/...`,
     `vae/...`): {part: path inside the folder} -> (empty config: the architecture comes from the model's variant,
-    state-dict keys prefixed `part.`, {path: sha256})."""
+    state-dict keys prefixed `part.`, {path: sha256}). `optional` parts are loaded only where their file is there."""
     folder = Path(folder)
     state_dict, hashes = {}, {}
-    for part, relative in files.items():
+    optional = dict(optional or {})
+    for part, relative in {**files, **optional}.items():
         path = folder / str(relative)
+        if part in optional and part not in files and not path.is_file():
+            continue
         if not path.is_file():
             raise ZooError(f"{folder} has no {relative} (the '{part}' weights).",
                            f"lay the checkpoint out as upstream ships it: {', '.join(str(v) for v in files.values())} "
@@ -168,7 +171,8 @@ def load_model_folder(model_cfg, folder: Path) -> tuple[dict, dict[str, torch.Te
     """A local or downloaded checkpoint folder: the model's named weight files if it is laid out that way,
     else config.json + weight files (or a diffusers pipeline folder)."""
     files = _named_files(model_cfg, folder)
-    return load_named_files(folder, files) if files else load_folder(folder)
+    optional = dict(model_cfg.get("optional_checkpoint_files") or {})
+    return load_named_files(folder, files, optional) if files else load_folder(folder)
 
 
 def load_folder(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, str]]:

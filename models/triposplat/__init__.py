@@ -14,7 +14,8 @@ upstream-made golden checkpoint in models/triposplat/tiny (scripts/make_tripospl
 Conditioning: the DiT takes upstream's conditioning tensors (DINOv3 features `feature1`, FLUX.2 VAE latent
 `feature2`) as graph inputs; the `image-encoder` and `vae-encoder` components make them from an RGBA cut-out
 (models/triposplat/encoders.py, checkpoint parts `image_encoder` and `vae_encoder`), and `zoo generate` chains
-all five bundles. The DiT's own gates keep seeded stand-ins of the right shapes and statistics
+all five bundles. The optional `background-remover` (upstream's BiRefNet, models/triposplat/background.py, part
+`background_remover`) cuts a photo without alpha out first when its bundle is in the folder. The DiT's own gates keep seeded stand-ins of the right shapes and statistics
 (`seeded_conditioning`): its teacher-forced steps need no encoder run, and its gate figures stay comparable.
 """
 
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from models.triposplat import background as bg
 from models.triposplat import decoding
 from models.triposplat import encoders as enc
 from models.triposplat import image_input
@@ -339,6 +341,86 @@ ENCODER_COMPONENTS = [
 ]
 
 
+# ---------------------------------------------------------------- background remover (models/triposplat/background.py)
+
+BACKGROUND_PART = "background_remover"
+BACKGROUND_FILE = "background.json"
+
+
+def background_config(checkpoint: Checkpoint, cfg) -> bg.BiRefNetConfig:
+    """The part's own config.json (tiny), else the variant's architecture (upstream's birefnet.safetensors carries
+    none)."""
+    return bg.BiRefNetConfig.from_dict(dict(checkpoint.config.get(BACKGROUND_PART) or {})
+                                       or architecture(cfg, BACKGROUND_PART))
+
+
+def background_build(checkpoint: Checkpoint, cfg) -> nn.Module:
+    b = cfg.background
+    module = bg.BiRefNet(background_config(checkpoint, cfg), "gather", tuple(float(v) for v in b.pixel_mean),
+                         tuple(float(v) for v in b.pixel_std))
+    return load_strict(module, part(checkpoint, BACKGROUND_PART)[1]).eval()
+
+
+def background_reference(checkpoint: Checkpoint, cfg) -> nn.Module:
+    """The port in eager fp32 with upstream's ImageNet constants (never the config's) and the gather sampler. Its
+    parity with upstream's own BiRefNet (torchvision's deform_conv2d) is proven on the golden fixtures
+    (tests/test_triposplat_background.py); upstream cannot be imported here (it needs torchvision)."""
+    module = bg.BiRefNet(background_config(checkpoint, cfg), "gather")
+    return load_strict(module, part(checkpoint, BACKGROUND_PART)[1]).eval()
+
+
+def background_entries(module: nn.Module, inputs: dict, target: str, cfg):
+    """One `main` graph with the deformable sampler form of the target (background.FORMS_BY_TARGET), or the one
+    `model.background.sampler` names (real size on LiteRT: gather; the tent form's buffers do not fit, README)."""
+    from zoo.targets import Entry
+
+    chosen = str(cfg.background.sampler)
+    if chosen != "auto" and chosen not in bg.SAMPLERS:
+        raise ZooError(f"model.background.sampler = {chosen!r}.", f"use auto or one of {', '.join(bg.SAMPLERS)}.")
+    form = bg.FORMS_BY_TARGET[target] if chosen == "auto" else chosen
+    for net in (m for m in module.modules() if isinstance(m, bg.BiRefNet)):   # inside a precision wrapper too
+        net.set_sampler(form)
+    return [Entry("main", module, dict(inputs), ["alpha"])]
+
+
+def background_inputs(checkpoint: Checkpoint, cfg) -> dict[str, torch.Tensor]:
+    """The gate photo (background.gate_photo: the encoders' test card composited on a textured background, no
+    alpha) resized to the network's input as upstream's remove_background does."""
+    size = background_config(checkpoint, cfg).image_size
+    from PIL import Image
+
+    photo = Image.fromarray(bg.gate_photo(2 * size), "RGB")
+    return {"image": bg.resize_for_matting(image_input.to_tensor(photo), size)}
+
+
+def background_extra_files(checkpoint: Checkpoint, cfg, bundle_dir: Path) -> None:
+    """What the host needs to feed the bundle: its input size."""
+    facts = {"image_size": background_config(checkpoint, cfg).image_size}
+    (bundle_dir / BACKGROUND_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+
+
+@dataclass
+class BackgroundSection:
+    """config.yaml `background:`."""
+
+    # upstream's ImageNet constants; anything else is the background-remover gate's negative control (README)
+    pixel_mean: list = field(default_factory=lambda: list(bg.IMAGENET_MEAN))
+    pixel_std: list = field(default_factory=lambda: list(bg.IMAGENET_STD))
+    # the deformable convolutions' sampling form: auto = background.FORMS_BY_TARGET (LiteRT tent, Core AI gather);
+    # gather | tent force one (scripts/deform_conv_lowering.py: the tent form's buffer at real size)
+    sampler: str = "auto"
+
+
+def seeded_background_part(cfg, seed: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    config = architecture(cfg, BACKGROUND_PART)
+    return config, bg.seeded_state(bg.BiRefNetConfig.from_dict(config), seed)
+
+
+BACKGROUND_COMPONENT = Component(name="background-remover", build=background_build, reference=background_reference,
+                                 example_inputs=background_inputs, output_names=["alpha"],
+                                 entries=background_entries, extra_files=background_extra_files, optional=True)
+
+
 # ---------------------------------------------------------------- weights
 
 
@@ -349,6 +431,7 @@ RANDOM_PARTS = {"dit": lambda cfg, seed: (architecture(cfg, "dit"),
 RANDOM_PARTS["decoder"] = decoding.random_decoder_part
 RANDOM_PARTS[IMAGE_PART] = seeded_image_encoder_part
 RANDOM_PARTS[VAE_PART] = seeded_vae_encoder_part
+RANDOM_PARTS[BACKGROUND_PART] = seeded_background_part
 
 
 def random_checkpoint(cfg) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -401,10 +484,12 @@ class TripoSplatModelConfig(ModelConfig):
     # ---- decoder keys (models/triposplat/decoders.py) go below this line ----
     decoders: decoding.DecoderSection = field(default_factory=decoding.DecoderSection)
     encoders: EncoderSection = field(default_factory=EncoderSection)
+    background: BackgroundSection = field(default_factory=BackgroundSection)
     random_parts: list = field(default_factory=list)   # weights=random: the parts to make (empty: all)
 
 
 COMPONENTS = [
+    BACKGROUND_COMPONENT,  # background-remover: a photo without alpha -> the matte (upstream's BiRefNet)
     *ENCODER_COMPONENTS,   # image-encoder, vae-encoder: an RGBA cut-out -> feature1, feature2
     Component(name="dit", build=dit_build, reference=dit_reference, example_inputs=dit_example_inputs,
               output_names=list(OUTPUT_NAMES), verify=dit_verify, extra_files=dit_extra_files),
@@ -413,7 +498,7 @@ COMPONENTS = [
 ]
 
 def run_pipeline(*args, **kwargs) -> str:
-    """`zoo generate triposplat --bundles DIR --image cutout.png --out splats.ply` (models/triposplat/bundles.py)."""
+    """`zoo generate triposplat --bundles DIR --image photo.png --out splats.ply` (models/triposplat/bundles.py)."""
     from models.triposplat.bundles import run_bundles
 
     return run_bundles(*args, **kwargs)
@@ -429,6 +514,6 @@ SPEC = ModelSpec(
     pipeline_tag="image-to-3d",
     license="mit",
     run_pipeline=run_pipeline,
-    pipeline_inputs=("image",),   # an RGBA cut-out (models/triposplat/image_input.py; no BiRefNet: README)
+    pipeline_inputs=("image",),   # an RGBA cut-out, or a photo with the background-remover bundle (image_input.py)
     real_size=REAL_SIZE,   # `make real-size MODEL=triposplat` (models/triposplat/real_size.py)
 )

@@ -1,14 +1,13 @@
-"""`zoo generate triposplat --bundles DIR --image cutout.png --out splats.ply`: the five saved bundles chained on
-the host.
+"""`zoo generate triposplat --bundles DIR --image cutout.png --out splats.ply`: the saved bundles chained on the host.
 
-RGBA cut-out -> upstream's crop / resize / composite on black (models/triposplat/image_input.py) -> image-encoder
+An image without alpha -> the background-remover bundle's matte (upstream's BiRefNet step; optional: without that
+bundle only RGBA cut-outs are taken) -> RGBA cut-out -> upstream's crop / resize / composite on black
+(models/triposplat/image_input.py) -> image-encoder
 bundle (feature1) and vae-encoder bundle (feature2, with the posterior noise upstream's seeded generator draws
 first) -> the DiT bundle under the host Euler-CFG sampler (models/triposplat/sampler.py; its latent and camera noise
 from the same generator, next, as upstream) -> octree descent through the octree-decoder bundle -> Gaussian-decoder
 bundle -> assembly -> the standard 3DGS .ply (models/triposplat/ply.py). Every network runs from a saved artifact;
 `chain` is the same loop over eager modules (the tests' and the README's reference).
-
-No background removal: an image without real alpha is refused (exit 2) with the fix named (README "Image encoders").
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from models.triposplat import background as bg
 from models.triposplat import encoders as enc
 from models.triposplat import image_input, octree, ply
 from models.triposplat import sampler as flow
@@ -57,6 +57,16 @@ class Chain:
     sampling: dict              # the dit bundle's sampler.json
     decoding: dict              # the decoder bundles' decoder.json
     vae_noise_shape: tuple
+    matte: Callable | None = None   # RGB PIL image -> uint8 alpha (the background remover); None: cut-outs only
+
+
+def matte_from(graph: Graph, size: int) -> Callable:
+    """upstream's remove_background around a background-remover graph: resize to its input, run, the matte back at
+    the image's size as uint8 (models/triposplat/background.py)."""
+    def matte(rgb) -> np.ndarray:
+        alpha = graph({"image": bg.resize_for_matting(image_input.to_tensor(rgb), size)})
+        return bg.alpha_to_image_size(alpha, rgb.height, rgb.width)
+    return matte
 
 
 @torch.no_grad()
@@ -88,12 +98,14 @@ def run_bundles(sessions: dict, bundles: dict[str, Path], prompt: str | None, ou
     if image is None:
         raise ZooError("The triposplat pipeline needs --image.", "pass --image cutout.png (an RGBA cut-out).")
     c, image_size = bundle_chain(sessions, bundles)
-    pixels = image_input.load(Path(image), image_size)   # bad input: ZooError before any run
+    picture = image_input.open_image(Path(image))
+    cut = "" if image_input.has_real_alpha(picture) else ", cut out by the background-remover bundle"
+    pixels = image_input.prepare(picture, image_size, f"--image {image}", c.matte)   # bad input: ZooError first
     seed = int(c.sampling["seed"] if seed is None else seed)
     gaussians, _ = chain(c, pixels, seed)
     count = ply.write_ply(out, gaussians)
     return (f"{count} Gaussians ({c.decoding['points']} points x {c.decoding['representation']['num_gaussians']}) "
-            f"written to {out} from {image} ({image_size}² composite) after {c.sampling['steps']} "
+            f"written to {out} from {image} ({image_size}² composite{cut}) after {c.sampling['steps']} "
             f"sampler steps (seed {seed}).")
 
 
@@ -113,15 +125,22 @@ def bundle_chain(sessions: dict, bundles: dict[str, Path]) -> tuple[Chain, int]:
     if image_facts["image_size"] != vae_facts["image_size"]:
         raise ZooError(f"The image-encoder bundle takes {image_facts['image_size']}² images but the vae-encoder "
                        f"bundle {vae_facts['image_size']}².", "convert both encoders with the same model.cond_tokens.")
+    matte = None
+    if "background-remover" in sessions:   # optional (Component.optional): only images without alpha need it
+        from models.triposplat import BACKGROUND_FILE
+
+        matting_size = int(read_json(bundles["background-remover"], BACKGROUND_FILE)["image_size"])
+        matte = matte_from(session_graph(sessions["background-remover"], "alpha"), matting_size)
     c = Chain(session_graph(sessions["image-encoder"], "feature1"), session_graph(sessions["vae-encoder"], "feature2"),
               flow.session_dit(sessions["dit"]), session_graph(sessions["octree-decoder"], "logits"),
               session_graph(sessions["gaussian-decoder"], "features"), sampling, decoding_facts,
-              tuple(vae_facts["vae_noise_shape"]))
+              tuple(vae_facts["vae_noise_shape"]), matte)
     return c, int(image_facts["image_size"])
 
 
 def eager_chain(checkpoint, cfg) -> Chain:
-    """The same chain over the eager references (library encoders, the port's DiT and decoders in fp32)."""
+    """The same chain over the eager references (library encoders, the port's DiT, decoders and background remover
+    in fp32; the last only when the checkpoint has that part)."""
     import models.triposplat as tripo
     from models.triposplat import decoding
 
@@ -132,7 +151,11 @@ def eager_chain(checkpoint, cfg) -> Chain:
                 "latent_channels": dit_cfg.in_channels, "camera_channels": dit_cfg.cam_channels,
                 "cond_channels": dit_cfg.cond_channels, "cond2_channels": dit_cfg.cond2_channels}
     size = tripo.encoder_image_size(checkpoint, cfg)
+    matte = None
+    if any(k.startswith(tripo.BACKGROUND_PART + ".") for k in checkpoint.state_dict):
+        remover = tripo.background_reference(checkpoint, cfg)
+        matte = matte_from(lambda kw: remover(kw["image"]), tripo.background_config(checkpoint, cfg).image_size)
     return Chain(lambda kw: image_ref(kw["image"]), lambda kw: vae_ref(kw["image"], kw["noise"]),
                  flow.eager_dit(tripo.dit_reference(checkpoint, cfg)), lambda kw: oct_model(**kw),
                  lambda kw: gs_model(**kw), sampling, decoding.decoder_facts(checkpoint, cfg),
-                 enc.vae_noise_shape(tripo.vae_config(checkpoint, cfg), size))
+                 enc.vae_noise_shape(tripo.vae_config(checkpoint, cfg), size), matte)

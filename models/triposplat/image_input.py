@@ -1,12 +1,11 @@
-"""The input image -> the RGB composite both encoders see: upstream's `preprocess_image` (triposplat.py, a78fa12)
-without its background removal.
+"""The input image -> the RGB composite both encoders see: upstream's `preprocess_image` (triposplat.py, a78fa12).
 
 Upstream: resize so the short side is the canvas (LANCZOS); if the image has no real alpha (not RGBA, or every
 alpha 255), BiRefNet cuts the object out; erode the alpha by one pixel (3x3 minimum filter); crop a square 1.2x
 the alpha's bounding box around its centre (outside the image: transparent); resize to the canvas (LANCZOS);
-composite on black. BiRefNet is not shipped here (README "Image encoders"), so an image without real alpha is
-refused with the fix named — upstream itself would have cut it out, and guessing a matte would condition the DiT on
-the background.
+composite on black. The cut-out is the `background-remover` component's (models/triposplat/background.py): `prepare`
+takes its matte as a callable. Without one (no background-remover bundle), an image without real alpha is refused
+with the fix named — guessing a matte would condition the DiT on the background.
 """
 
 from __future__ import annotations
@@ -43,13 +42,32 @@ def has_real_alpha(image: Image.Image) -> bool:
     return image.mode == "RGBA" and int(np.asarray(image.getchannel("A")).min()) < 255
 
 
+def resize_short_side(image: Image.Image, size: int) -> Image.Image:
+    """upstream's first step: the short side to `size`, LANCZOS (PIL returns a copy when the size is already right,
+    so `composite` after this resizes nothing twice)."""
+    w, h = image.size
+    scale = size / min(w, h)
+    return image.resize((max(1, int(round(w * scale))), max(1, int(round(h * scale)))), Image.LANCZOS)
+
+
+def cut_out(image: Image.Image, size: int, matte) -> Image.Image:
+    """upstream's path for an image without real alpha: resized first, then `matte(rgb) -> uint8 [H, W]` (its
+    BiRefNet.remove_background) puts the alpha on that resized RGB image."""
+    rgb = resize_short_side(image.convert("RGB"), size)
+    alpha = np.asarray(matte(rgb), dtype=np.uint8)
+    if alpha.shape != (rgb.height, rgb.width):
+        raise ZooError(f"The background remover answered a {alpha.shape} matte for a {rgb.width}x{rgb.height} image.",
+                       "re-convert the background-remover component.")
+    rgba = rgb.copy()
+    rgba.putalpha(Image.fromarray(alpha, "L"))
+    return rgba
+
+
 def composite(image: Image.Image, size: int, source: str = "the image") -> Image.Image:
     """upstream's preprocess_image from the resize on, for an image that has real alpha: RGB [size, size]."""
     if image.mode != "RGBA":
         image = image.convert("RGBA")
-    w, h = image.size
-    scale = size / min(w, h)
-    image = image.resize((max(1, int(round(w * scale))), max(1, int(round(h * scale)))), Image.LANCZOS)
+    image = resize_short_side(image, size)
     if ERODE_RADIUS > 0:
         image.putalpha(image.getchannel("A").filter(ImageFilter.MinFilter(2 * ERODE_RADIUS + 1)))
     alpha = np.asarray(image.getchannel("A"))
@@ -73,16 +91,21 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(array.transpose(2, 0, 1).copy()).unsqueeze(0)
 
 
-def prepare(image: Image.Image, size: int, source: str = "the image") -> torch.Tensor:
-    """An RGBA cut-out -> the encoders' `image` input [1, 3, size, size]; no real alpha -> ZooError (exit 2)."""
+def prepare(image: Image.Image, size: int, source: str = "the image", matte=None) -> torch.Tensor:
+    """An image -> the encoders' `image` input [1, 3, size, size]. An RGBA cut-out keeps its alpha (as upstream);
+    an image without real alpha is cut out by `matte` (the background-remover bundle), or, with none, refused
+    (ZooError, exit 2)."""
     if not has_real_alpha(image):
-        raise ZooError(f"{source} has no transparent pixels (mode {image.mode}): TripoSplat needs the object cut out "
-                       "of its background, which upstream does with BiRefNet, and BiRefNet is not shipped here "
-                       "(models/triposplat/README.md, 'Image encoders').",
-                       "remove the background first (any matting tool, e.g. `rembg i photo.jpg cutout.png`) and pass "
-                       "the RGBA PNG.")
+        if matte is None:
+            raise ZooError(f"{source} has no transparent pixels (mode {image.mode}): TripoSplat needs the object cut "
+                           "out of its background, which upstream does with BiRefNet, and the bundle folder has no "
+                           "background-remover bundle (models/triposplat/README.md, 'Background removal').",
+                           "convert it (`zoo convert model=triposplat component=background-remover target=...`) into "
+                           "the same folder, or remove the background first (any matting tool, e.g. `rembg i photo.jpg "
+                           "cutout.png`) and pass the RGBA PNG.")
+        image = cut_out(image, size, matte)   # a matte of 255 everywhere crops the whole image, as upstream
     return to_tensor(composite(image, size, source))
 
 
-def load(path: Path, size: int) -> torch.Tensor:
-    return prepare(open_image(path), size, f"--image {path}")
+def load(path: Path, size: int, matte=None) -> torch.Tensor:
+    return prepare(open_image(path), size, f"--image {path}", matte)

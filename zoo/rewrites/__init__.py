@@ -6,7 +6,7 @@
     ids = [rw.id for rw in rewrites.for_target("litert-gpu")]          # the default set for a target
 
 Families: attention, activations, arith, norms (the fp16 reduction family), slicing, resampling,
-reshapes, spectral. Each Rewrite says what it fixes, for which targets, how exact it is, whether
+reshapes, spectral, deformable (torchvision's deform_conv2d). Each Rewrite says what it fixes, for which targets, how exact it is, whether
 today's converter still needs it, and carries a tiny before/after demo that the tests and
 scripts/gpu_table.py convert. Helpers to read a converted .tflite live in `zoo.rewrites.inspect`.
 """
@@ -17,10 +17,10 @@ from typing import Iterable
 
 from torch import nn
 
-from zoo.rewrites import activations, arith, attention, norms, reshapes, resampling, slicing, spectral
+from zoo.rewrites import activations, arith, attention, deformable, norms, reshapes, resampling, slicing, spectral
 from zoo.rewrites.base import COREAI, LITERT, LITERT_GPU, NEEDED, NOT_NEEDED, Demo, ModuleSwap, Rewrite, apply_swaps
 
-FAMILIES = (attention, activations, arith, norms, slicing, resampling, reshapes, spectral)
+FAMILIES = (attention, activations, arith, norms, slicing, resampling, reshapes, spectral, deformable)
 
 
 def _build_registry() -> dict[str, Rewrite]:
