@@ -288,3 +288,31 @@ def test_publish_stages_one_repo_per_target_and_the_litert_card_runs_the_litertl
     assert (coreai / "coreai-fp32" / "model.aimodel").is_dir() and not (coreai / "litert-fp32").exists()
     assert "litert-lm run litert-fp32/model.litertlm --backend cpu --cache no" in (litert / "README.md").read_text()
     assert "litert-lm run" not in (coreai / "README.md").read_text()
+
+
+def test_bench_profiles_prefill_and_decode_and_times_upstreams_raw_prefill(cfg, bundles, tmp_path):
+    """What `make bench MODEL=gqa-llm` adds per Core AI row, on the tiny bundle: the runtime's per-op profile of
+    one prefill and the decode calls after it (each function apart), and upstream's forward converted as is
+    as the prefill baseline; where there is no raw artifact the cell says why instead of a number."""
+    from models.gqa_llm.measure import GENERATION_MEASURE, PROFILE_DECODE_TOKENS, prepare, time_raw_prefill
+    from zoo.bench import convert_raw, profile_bundle
+    from zoo.registry import MeasureContext
+    from zoo.weights import resolve
+
+    spec = get_spec(cfg.model)
+    checkpoint = resolve(cfg.model, "tiny", spec.tiny_dir, spec.random_checkpoint, embedded=spec.embedded)
+    header = prepare(cfg.model, checkpoint)
+    raw = convert_raw("gqa-llm", ["weights=tiny"], "decoder", "coreai", str(tmp_path), header)
+    assert "path" in raw, raw
+    header["raw_artifacts"] = {"coreai": raw}
+    ctx = MeasureContext(cfg.model, checkpoint, spec.components[0], "coreai", bundles["coreai"].path, {}, 1, header)
+
+    profile = profile_bundle(ctx, GENERATION_MEASURE)
+    assert profile["prefill"]["executions"] == 1 and profile["decode"]["executions"] == PROFILE_DECODE_TOKENS
+    assert all(p["ops"] and p["execute_ms"] > 0 for p in profile.values())
+
+    timed = time_raw_prefill(ctx, header["prompt_ids"], prefill_tok_s=100.0)
+    assert timed["raw_prefill_tok_s"] > 0 and timed["prefill_vs_raw"] == round(100.0 / timed["raw_prefill_tok_s"], 3)
+    header["raw_artifacts"] = {"coreai": {"reason": "does not convert: X"}}
+    assert time_raw_prefill(ctx, header["prompt_ids"], 100.0) == {"raw_prefill_tok_s": "does not convert: X",
+                                                                   "prefill_vs_raw": "–"}

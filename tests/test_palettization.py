@@ -162,3 +162,29 @@ def test_binned_palettization_shares_tables_between_functions():
     stats = PalettizationStats()
     palettize_int8(program, kmeans_workers=2, stats=stats, kmeans_bins=2048)
     assert (stats.clustered, stats.shared) == (2, 2)
+
+
+def _tiny_llm_program():
+    """The tiny gqa-llm as Core AI converts it: prefill holds its projections as [1, in, out] (batched matmul),
+    decode as [in, out] — the same bytes, grouped along the same axis."""
+    from zoo.config import compose_convert
+    from zoo.precision import PRECISIONS
+    from zoo.registry import get_spec
+    from zoo.weights import resolve
+
+    cfg = compose_convert(["model=gqa-llm", "weights=tiny"]).model
+    spec = get_spec(cfg)
+    component = spec.components[0]
+    checkpoint = resolve(cfg, "tiny", spec.tiny_dir, spec.random_checkpoint, embedded=spec.embedded)
+    target = CoreAITarget()
+    module = target.prepare(component.build(checkpoint, cfg), PRECISIONS["int8"], {})
+    entries = component.entries(module, component.example_inputs(checkpoint, cfg), "coreai", cfg)
+    return target.convert(entries, target.export(entries), None)
+
+
+def test_prefill_and_decode_copies_share_tables_across_a_leading_unit_axis():
+    stats = PalettizationStats()
+    compressed = palettize_int8(_tiny_llm_program(), kmeans_workers=2, stats=stats, kmeans_bins=1024)
+    # 14 projections (2 layers x 7) in both functions plus the untied head: each clustered once
+    assert (stats.clustered, stats.shared) == (15, 14)
+    assert nonfinite_lookup_tables(compressed) == []
