@@ -338,3 +338,22 @@ def test_bench_targets_are_judged_on_the_rows_and_a_miss_says_why():
                         "small": "not run"}      # no such row: said, not guessed
     assert "- **fast** missed: the runtime's matmul" in lines
     assert targets_lines({"header": {}, "rows": rows}) == []
+
+
+def test_bench_readme_only_rerenders_with_the_configs_targets_and_needs_a_bench_json(tmp_path):
+    """`make bench ARGS=--readme-only`: the committed measurements, today's goals and reasons; no bench.json is
+    exit 2 naming the fix."""
+    from zoo.bench import main
+
+    assert main(["model=t5", f"bench_dir={tmp_path}", "--readme-only"]) == 2
+    rows = [{"component": "encoder", "target": "coreai", "precision": "fp32", "status": "passed", "gate": "g",
+             "convert_s": 1.0, "peak_rss_mb": 1.0, "size_mb": 1.0, "size_vs_fp32": 1.0,
+             "measure": {"latency_vs_eager": 9.0, "latency_vs_raw": 0.5}}]
+    header = {"command": "make bench MODEL=t5", "date": "2026-12-01", "machine": "m", "weights": "w",
+              "bench_wall_s": 60, "process": "p", "targets": []}
+    (tmp_path / "bench.json").write_text(json.dumps({"header": header, "rows": rows}))
+    assert main(["model=t5", f"bench_dir={tmp_path}", "--readme-only"]) == 0
+    readme = (tmp_path / "README.md").read_text()
+    assert "| Core AI fp32 within 3x eager | coreai fp32 `latency_vs_eager` | ≤ 3 | 9 | missed |" in readme
+    assert "- **Core AI fp32 within 3x eager** missed: after the graph-form pass" in readme
+    assert json.loads((tmp_path / "bench.json").read_text())["rows"] == rows  # measurements untouched

@@ -331,6 +331,18 @@ def fill_size_vs_fp32(rows: list[dict]) -> None:
             row["size_vs_fp32"] = round(row["size_mb"] / base, 3)
 
 
+def rerender_only(cfg, bench_json: Path) -> dict:
+    """`--readme-only`: the committed bench.json, re-rendered with the config's current `bench.targets` (goals and
+    reasons are config; every measured value stays the run's own)."""
+    if not bench_json.is_file():
+        raise ZooError(f"--readme-only needs a bench.json at {bench_json}; there is none.",
+                       "run the bench once without --readme-only.")
+    data = json.loads(bench_json.read_text())
+    data["header"]["targets"] = (OmegaConf.to_container(cfg.bench.targets, resolve=True)
+                                 if cfg.bench.get("targets") else [])
+    return data
+
+
 def bench_folder(cfg, given: str | None) -> Path:
     return Path(given) if given else model_config_files()[cfg.name].parent
 
@@ -341,18 +353,22 @@ def main(argv: list[str]) -> int:
     bench_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("bench_dir=")), None)
     component = next((a.split("=", 1)[1] for a in argv if a.startswith("component=")), None)
     overrides = [a for a in argv if not a.startswith(("model=", "bench_dir=", "component="))]
+    readme_only = "--readme-only" in overrides
+    overrides = [o for o in overrides if o != "--readme-only"]
     console = Console()
     try:
         check_overrides([f"model={model}", *overrides])  # parse, compose and cross-check, before any work
         cfg = compose_convert([f"model={model}", *overrides]).model
         spec = get_spec(cfg)
-        data = run_bench(model, overrides, console, [component] if component else None)
+        folder = bench_folder(cfg, bench_dir)
+        data = (rerender_only(cfg, folder / "bench.json") if readme_only
+                else run_bench(model, overrides, console, [component] if component else None))
     except ZooError as exc:
         console.error(exc)
         return exc.exit_code
-    folder = bench_folder(cfg, bench_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    data = merge_earlier_rows(data, spec, folder / "bench.json", overrides)
+    if not readme_only:
+        data = merge_earlier_rows(data, spec, folder / "bench.json", overrides)
     (folder / "bench.json").write_text(json.dumps(data, indent=2) + "\n")
     measures = {c.name: measure_of(c) for c in spec.components}
     table = measured_table(data, measures)
