@@ -260,8 +260,11 @@ def _real_coreai_bundle(precision: str, out_dir):
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.real_weights
 def test_real_smollm2_coreai_bf16_passes_its_gate_with_bf16_weights(tmp_path):
+    """~100 s (97 s in a full default run's --durations): `make test-slow`, beside int8. The default suite keeps
+    the real SmolLM2 through the whole pipeline at fp32 and the tiny LLM at every precision's mechanics."""
     from zoo.targets.coreai import CoreAITarget
 
     result = _real_coreai_bundle("bf16", tmp_path)
@@ -271,7 +274,8 @@ def test_real_smollm2_coreai_bf16_passes_its_gate_with_bf16_weights(tmp_path):
 @pytest.mark.slow
 @pytest.mark.real_weights
 def test_real_smollm2_coreai_int8_is_finite_and_passes_its_gate(tmp_path):
-    """~20 min on 2 cores (k-means over ~11,000 weight groups): `make test-slow`."""
+    """Minutes on 2 cores: palettization 115 s and the greedy gate 175 s in `make bench MODEL=gqa-llm
+    TARGET=coreai PRECISION=int8` (binned k-means, prefill/decode tables shared): `make test-slow`."""
     from zoo.targets.coreai import CoreAITarget
 
     result = _real_coreai_bundle("int8", tmp_path)
