@@ -58,3 +58,16 @@ def tiny_bundles(tmp_path_factory):
     from tiny_bundles import TinyBundles
 
     return TinyBundles(tmp_path_factory.mktemp("tiny-bundles"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny graphs whose ops are microseconds each: torch's thread pool only adds contention on a shared machine
+    (TripoSplat's 40-call tiny sampler took 45 s with the default pool next to a conversion subprocess, 2 s
+    alone). Modules opt in with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -21,14 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "models" / "triposplat" / "golden"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny DiT's ops are microseconds each: torch's thread pool only adds contention on a shared machine
-    (the 40-call sampler took 45 s with the default pool next to the conversion subprocess, 2 s alone)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py: tiny graphs, one thread
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "models" / "triposplat"
 TINY_PART = PACKAGE / "tiny" / "background_remover"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py: tiny graphs, one thread
 
 
 @pytest.fixture(scope="module")

@@ -163,6 +163,11 @@ def bench_config(model: str, overrides: list[str]):
     return cfg
 
 
+def bench_targets(cfg) -> list[dict]:
+    """The config's `bench.targets` as plain dicts, for bench.json's header (the card judges them on the rows)."""
+    return OmegaConf.to_container(cfg.bench.targets, resolve=True) if cfg.bench.get("targets") else []
+
+
 def bench_weights(cfg, overrides: list[str]) -> str:
     """`weights=...` on the command line wins, then the config's bench weights, then its default weights."""
     given = next((o.split("=", 1)[1] for o in overrides if o.startswith("weights=")), None)
@@ -282,7 +287,7 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
             "process": "each bundle converted, gated and measured in its own fresh process",
             "bench_wall_s": round(time.perf_counter() - started, 1),
             "gates": {p: {k: float(v) for k, v in t.items()} for p, t in cfg.gates.items()},
-            "targets": OmegaConf.to_container(cfg.bench.targets, resolve=True) if cfg.bench.get("targets") else [],
+            "targets": bench_targets(cfg),
         },
         "measures": {c.name: {"describe": measure_of(c).describe,
                               "header": {k: v for k, v in headers[c.name].items()
@@ -338,8 +343,7 @@ def rerender_only(cfg, bench_json: Path) -> dict:
         raise ZooError(f"--readme-only needs a bench.json at {bench_json}; there is none.",
                        "run the bench once without --readme-only.")
     data = json.loads(bench_json.read_text())
-    data["header"]["targets"] = (OmegaConf.to_container(cfg.bench.targets, resolve=True)
-                                 if cfg.bench.get("targets") else [])
+    data["header"]["targets"] = bench_targets(cfg)
     return data
 
 
