@@ -3,6 +3,7 @@ PY        := .venv/bin/python
 MODEL     ?= t5
 TARGET    ?= all
 PRECISION ?= default
+COMPONENT ?= all
 WEIGHTS   ?=
 OUT       ?= exports
 STAMP     := .venv/.zoo-installed
@@ -55,10 +56,10 @@ test-slow: setup
 	$(PY) -m pytest -m slow -q
 
 ## measure conversion, runtime latency vs eager, and size; regenerates models/<model>/README.md "Measured"
-## (TARGET=/PRECISION= narrow the run: only those rows are replaced, the others keep their earlier run;
+## (TARGET=/PRECISION=/COMPONENT= narrow the run: only those rows are replaced, the others keep their earlier run;
 ## ARGS=--readme-only re-renders the block from bench.json with the config's current bench.targets)
 bench: setup
-	$(PY) -m zoo.bench model=$(MODEL) target=$(TARGET) precision=$(PRECISION) $(ARGS)
+	$(PY) -m zoo.bench model=$(MODEL) target=$(TARGET) precision=$(PRECISION) component=$(COMPONENT) $(ARGS)
 
 ## the model at real size (its ModelSpec.real_size rows, each in a fresh process): conversion time, peak RSS, size and
 ## fp32 numerics; regenerates models/<model>/real_size.json and its README "Real size" block. ARGS= passes more

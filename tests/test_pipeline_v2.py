@@ -308,6 +308,32 @@ def test_a_narrowed_bench_keeps_the_other_rows_and_says_where_they_come_from(tmp
     assert len(full["rows"]) == 2 and _earlier_runs(full) == []
 
 
+def test_a_bench_narrowed_to_one_component_keeps_the_others_rows_and_measure_headers(tmp_path):
+    """`make bench MODEL=m COMPONENT=b` re-runs b only: a's rows and its measure header stay from their run;
+    `COMPONENT=all` (Make's default) narrows nothing."""
+    from types import SimpleNamespace
+
+    from zoo.bench import bench_components, make_command, merge_earlier_rows
+
+    def row(component, value):
+        return {"component": component, "target": "litert", "precision": "fp32", "measure": {"x": value},
+                "size_mb": 1.0, "size_vs_fp32": 1.0}
+
+    spec = SimpleNamespace(components=[SimpleNamespace(name="a"), SimpleNamespace(name="b")])
+    earlier = tmp_path / "bench.json"
+    earlier.write_text(json.dumps({"header": {"command": "make bench MODEL=m", "date": "2026-11-30"},
+                                   "measures": {"a": {"describe": "A"}, "b": {"describe": "old B"}},
+                                   "rows": [row("a", 1), row("b", 2)]}))
+    fresh = {"header": {"command": make_command("m", ["component=b"]), "date": "2026-12-01"},
+             "measures": {"b": {"describe": "new B"}}, "rows": [row("b", 20)]}
+    merged = merge_earlier_rows(fresh, spec, earlier, ["component=b"])
+    assert [(r["component"], r["measure"]["x"], r["run"]["command"]) for r in merged["rows"]] == \
+        [("a", 1, "make bench MODEL=m"), ("b", 20, "make bench MODEL=m COMPONENT=b")]
+    assert merged["measures"] == {"a": {"describe": "A"}, "b": {"describe": "new B"}}
+    assert bench_components(["component=[a,b]"]) == ["a", "b"]
+    assert bench_components(["component=all"]) is None and bench_components([]) is None
+
+
 def test_rows_of_an_older_bench_json_keep_their_measured_values():
     from zoo.card import row_measure
 

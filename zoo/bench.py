@@ -221,14 +221,15 @@ def measure_bundle(model: str, overrides: list[str], component_name: str, target
 
 
 def requested(overrides: list[str], key: str) -> list[str] | None:
-    """`target=litert` / `precision=fp32,int8` on the bench command line narrow the matrix."""
+    """`target=litert` / `precision=fp32,int8` / `component=[a,b]` on the bench command line narrow the matrix."""
     value = next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")), None)
+    value = value.strip("[]") if value else value
     return None if value in (None, "", "all", "default") else value.split(",")
 
 
 def make_command(model: str, overrides: list[str]) -> str:
     """The `make bench` line that re-runs this bench (TARGET/PRECISION are Make variables, as for convert)."""
-    as_make = {"target": "TARGET", "precision": "PRECISION"}
+    as_make = {"target": "TARGET", "precision": "PRECISION", "component": "COMPONENT"}
     words = []
     for override in overrides:
         key, _, value = override.partition("=")
@@ -298,15 +299,17 @@ def run_bench(model: str, overrides: list[str], console: Console, components: li
 
 
 def merge_earlier_rows(data: dict, spec, earlier: Path, overrides: list[str]) -> dict:
-    """A narrowed bench (`target=` / `precision=`) replaces only the rows it re-ran: the committed bench.json's
-    other rows stay, each stamped with the command and date of the run that made it (the README says so)."""
+    """A narrowed bench (`target=` / `precision=` / `component=`) replaces only the rows it re-ran: the committed
+    bench.json's other rows stay, each stamped with the command and date of the run that made it (the README says
+    so), and so do the measure headers of the components it did not re-run."""
     stamp = {"command": data["header"]["command"], "date": data["header"]["date"]}
     for row in data["rows"]:
         row["run"] = stamp
-    narrowed = requested(overrides, "target") or requested(overrides, "precision")
+    narrowed = any(requested(overrides, key) for key in ("target", "precision", "component"))
     if not narrowed or not earlier.is_file():
         return data
     old = json.loads(earlier.read_text())
+    data["measures"] = {**old.get("measures", {}), **data.get("measures", {})}
     old_stamp = {"command": old["header"]["command"], "date": old["header"]["date"]}
     names = [c.name for c in spec.components]
     fresh = {(r["component"], r["target"], r["precision"]) for r in data["rows"]}
@@ -347,6 +350,11 @@ def rerender_only(cfg, bench_json: Path) -> dict:
     return data
 
 
+def bench_components(overrides: list[str]) -> list[str] | None:
+    """`component=NAME` / `component=[A,B]` (Make: COMPONENT=) -> those names; none or `all` -> every component."""
+    return requested(overrides, "component")
+
+
 def bench_folder(cfg, given: str | None) -> Path:
     return Path(given) if given else model_config_files()[cfg.name].parent
 
@@ -355,8 +363,8 @@ def bench_folder(cfg, given: str | None) -> Path:
 def main(argv: list[str]) -> int:
     model = next((a.split("=", 1)[1] for a in argv if a.startswith("model=")), "t5")
     bench_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("bench_dir=")), None)
-    component = next((a.split("=", 1)[1] for a in argv if a.startswith("component=")), None)
-    overrides = [a for a in argv if not a.startswith(("model=", "bench_dir=", "component="))]
+    overrides = [a for a in argv if not a.startswith(("model=", "bench_dir="))
+                 and not (a.startswith("component=") and bench_components([a]) is None)]   # Make's COMPONENT=all
     readme_only = "--readme-only" in overrides
     overrides = [o for o in overrides if o != "--readme-only"]
     console = Console()
@@ -366,7 +374,7 @@ def main(argv: list[str]) -> int:
         spec = get_spec(cfg)
         folder = bench_folder(cfg, bench_dir)
         data = (rerender_only(cfg, folder / "bench.json") if readme_only
-                else run_bench(model, overrides, console, [component] if component else None))
+                else run_bench(model, overrides, console, bench_components(overrides)))
     except ZooError as exc:
         console.error(exc)
         return exc.exit_code
