@@ -118,3 +118,37 @@ def test_bad_requests_are_refused(argv, says, capfd):
     assert real_size.main(argv) == 2
     said = "".join(capfd.readouterr())
     assert says in said and "Fix:" in said and "Traceback" not in said
+
+
+def test_a_one_component_run_replaces_only_its_rows_and_says_which_rows_are_older():
+    """`zoo real-size triposplat --only vae-encoder`: its rows and checks replace the committed ones in the hook's
+    order; the other components' stay with the date of the run that measured them, and the table says so."""
+    _, hook = real_size.hook_of("triposplat")
+
+    def row(component, target, precision, value):
+        return {"component": component, "variant": "real", "target": target, "precision": precision,
+                "status": "converted", "convert_s": value, "peak_rss_mb": 1024, "size_mb": 1000}
+
+    committed = {"date": "2026-11-30", "wall_min": 40.0, "machine": "m",
+                 "rows": [row("dit", "coreai", "fp32", 1), row("vae-encoder", "coreai", "fp32", 2)], "blocks": []}
+    fresh = {"date": "2026-12-01", "wall_min": 5.0, "machine": "m",
+             "rows": [row("vae-encoder", "coreai", "fp32", 20), row("vae-encoder", "litert", "fp32", 21)], "blocks": []}
+    merged = real_size.merge_committed(fresh, committed, "vae-encoder", hook)
+    assert [(r["component"], r["target"], r["convert_s"]) for r in merged["rows"]] == \
+        [("dit", "coreai", 1), ("vae-encoder", "coreai", 20), ("vae-encoder", "litert", 21)]
+    assert merged["earlier_run"] == {"date": "2026-11-30", "wall_min": 40.0, "components": ["dit"]}
+    assert "Rows and checks of dit: from the full run on 2026-11-30 (40 min)" in real_size.table(merged, "triposplat", "")
+    # a second one-component run keeps the full run's date for the components that run measured, and only those
+    again = real_size.merge_committed({**fresh, "rows": [row("dit", "litert", "fp16", 9)]}, merged, "dit", hook)
+    assert "earlier_run" not in again   # no row of the full run is left
+    assert [(r["component"], r["convert_s"]) for r in again["rows"]] == [("dit", 9), ("vae-encoder", 20), ("vae-encoder", 21)]
+
+
+@pytest.mark.parametrize("component", ["image-encoder", "vae-encoder", "background-remover"])
+def test_the_conditioning_networks_check_through_the_real_code_path(component, tmp_path):
+    """The real-size hook's image encoders and background remover, built as a real run builds them (1 layer /
+    block), converted, run and compared with eager, on the tiny architectures."""
+    check = real_size.check_row("triposplat", [*TINY, "model.encoders.attention_chunk=0"], component, "real",
+                                "litert", 1, str(tmp_path / "check"))
+    assert check["passed"] and check["cosine"] >= 0.999999, check
+    assert check["block"].startswith("1 of ")

@@ -1,11 +1,17 @@
-"""TripoSplat at real size (`zoo real-size triposplat`, zoo/real_size.py does the work): the 370.5 M DiT over
-12,294 tokens and the real octree (50.8 M) and Gaussian (237.3 M) decoders over 8192 queries, on both targets,
-seeded random weights of the real architectures (upstream's weights are not reachable here).
+"""TripoSplat at real size (`zoo real-size triposplat`, zoo/real_size.py does the work): all six networks at their
+real architectures and input sizes, on both targets, seeded random weights (upstream's weights are not reachable
+here) —
+- the 370.5 M DiT over 12,294 tokens, the real octree (50.8 M) and Gaussian (237.3 M) decoders over 8192 queries;
+- the image encoders at the 1024² canvas that 4101 conditioning tokens imply: DINOv3 ViT-H+/16 and the FLUX.2
+  VAE encoder;
+- the background remover (BiRefNet, Swin-L at 1024² and 512²), with the gather form of its deformable
+  convolutions on both targets: the tent form's buffers do not fit at this size (scripts/deform_conv_lowering.py).
 
-Numerics: one full-size LiteRT DiT call (135 s measured here, models.md), and per block elsewhere — one real-size
+Numerics: one full-size LiteRT call per network where one call takes minutes, per block elsewhere — one real-size
 DiT call on the Core AI CPU runtime took 34 min here (models.md: ≈ 121 + 80·N CPU-s for N blocks), so Core AI
-checks the DiT with its refiners and 1 of the 24 blocks at the real token count, and each decoder with 1 block at
-full width over the real 8192 queries.
+checks the DiT with its refiners and 1 of the 24 blocks at the real token count, each decoder with 1 block at full
+width over the real 8192 queries, DINOv3 with 1 of its 32 layers over 4101 tokens, the VAE encoder with 1 ResNet
+layer per down block at 1024², and BiRefNet with 1 of the 18 blocks of its third Swin stage at 1024².
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ COND_TOKENS = 4101  # cls + 4 registers + 64x64 DINOv3 patches
 OCTREE_LEVEL = 7.0  # the octree decoder's last level (the most parents)
 
 VARIANT = "real"
-COMPONENTS = ("dit", "octree-decoder", "gaussian-decoder")
+COMPONENTS = ("dit", "octree-decoder", "gaussian-decoder", "image-encoder", "vae-encoder", "background-remover")
 # Core AI fp32 and fp16 (its default), LiteRT fp32 and fp16. LiteRT fp16 last per component: litert-quantizer
 # holds the fp32 flatbuffer and its fp16 copy in memory.
 ROWS = [(component, VARIANT, target, precision) for component in COMPONENTS
@@ -29,7 +35,10 @@ ROWS = [(component, VARIANT, target, precision) for component in COMPONENTS
 CHECKS = [("dit", VARIANT, "litert", None),                 # the one full-size verification call
           ("dit", VARIANT, "coreai", 1),
           ("octree-decoder", VARIANT, "coreai", 1), ("octree-decoder", VARIANT, "litert", 1),
-          ("gaussian-decoder", VARIANT, "coreai", 1), ("gaussian-decoder", VARIANT, "litert", 1)]
+          ("gaussian-decoder", VARIANT, "coreai", 1), ("gaussian-decoder", VARIANT, "litert", 1),
+          ("image-encoder", VARIANT, "litert", None), ("image-encoder", VARIANT, "coreai", 1),
+          ("vae-encoder", VARIANT, "litert", None), ("vae-encoder", VARIANT, "coreai", 1),
+          ("background-remover", VARIANT, "litert", None), ("background-remover", VARIANT, "coreai", 1)]
 
 
 def dit_build(cfg, layers: int | None, check: bool, seed: int) -> RealSizeBuild:
@@ -89,9 +98,71 @@ def decoder_build(cfg, component: str, layers: int | None, seed: int) -> RealSiz
     return RealSizeBuild(module, inputs, list(OCTREE_OUTPUTS if octree else GAUSSIAN_OUTPUTS), what=what)
 
 
+def seeded_image(size: int, seed: int) -> torch.Tensor:
+    """An RGB image in [0, 1] at the network's input size (the networks see no alpha)."""
+    return torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(seed + 5))
+
+
+def image_encoder_build(cfg, layers: int | None, seed: int) -> RealSizeBuild:
+    """DINOv3 (all 32 layers, or the first `layers`) on a seeded 1024² image, query-chunked attention."""
+    from models.triposplat import architecture
+    from models.triposplat import encoders as enc
+
+    arch = dict(architecture(cfg, "image_encoder"))
+    total = int(arch["num_hidden_layers"])
+    dino = enc.DinoConfig.from_dict({**arch, "num_hidden_layers": layers or total})
+    size = enc.image_size_for(int(cfg.cond_tokens), dino.patch_size)
+    module = enc.ImageEncoder(dino, size, int(cfg.encoders.attention_chunk))
+    module.load_state_dict(enc.seeded_dino_state(dino, seed), strict=True)
+    tokens = (size // dino.patch_size) ** 2 + enc.PREFIX_TOKENS
+    what = f"{layers or total} of {total} layers, {size}² image, {tokens:,} tokens"
+    return RealSizeBuild(module.eval(), {"image": seeded_image(size, seed)}, ["feature1"], what=what)
+
+
+def vae_encoder_build(cfg, layers: int | None, seed: int) -> RealSizeBuild:
+    """The FLUX.2 VAE encoder (2 ResNet layers per down block, or `layers`) on a seeded 1024² image and posterior
+    noise, query-chunked mid attention (one head over 16,384 tokens at 1024²)."""
+    from models.triposplat import architecture
+    from models.triposplat import encoders as enc
+
+    arch = dict(architecture(cfg, "vae_encoder"))
+    total = int(arch["layers_per_block"])
+    vae = enc.VaeConfig.from_dict({**arch, "layers_per_block": layers or total})
+    size = enc.image_size_for(int(cfg.cond_tokens), int(architecture(cfg, "image_encoder")["patch_size"]))
+    module = enc.VaeEncoder(vae, int(cfg.encoders.attention_chunk))
+    module.load_state_dict(enc.seeded_vae_state(vae, seed), strict=True)
+    noise = torch.randn(enc.vae_noise_shape(vae, size), generator=torch.Generator().manual_seed(seed + 7))
+    what = f"{layers or total} of {total} ResNet layers per down block, {size}² image"
+    return RealSizeBuild(module.eval(), {"image": seeded_image(size, seed), "noise": noise}, ["feature2"], what=what)
+
+
+def background_build(cfg, layers: int | None, seed: int) -> RealSizeBuild:
+    """BiRefNet (Swin-L at 1024² and 512²; the third stage's 18 blocks, or the first `layers`) on a seeded 1024²
+    image, with the gather form of the deformable convolutions on both targets (the tent form's buffers do not fit
+    at this size: scripts/deform_conv_lowering.py)."""
+    from models.triposplat import architecture
+    from models.triposplat import background as bg
+
+    arch = dict(architecture(cfg, "background_remover"))
+    depths = [int(d) for d in arch["depths"]]
+    total = depths[2]
+    net = bg.BiRefNetConfig.from_dict({**arch, "depths": [*depths[:2], layers or total, *depths[3:]]})
+    module = bg.BiRefNet(net, "gather")
+    module.load_state_dict(bg.seeded_state(net, seed), strict=True)
+    what = (f"{layers or total} of {total} third-stage Swin blocks (depths {list(net.depths)}), "
+            f"{net.image_size}² image")
+    return RealSizeBuild(module.eval(), {"image": seeded_image(net.image_size, seed)}, ["alpha"], what=what)
+
+
 def build(cfg, component: str, layers: int | None, check: bool, seed: int = 0) -> RealSizeBuild:
     if component == "dit":
         return dit_build(cfg, layers, check, seed)
+    if component == "image-encoder":
+        return image_encoder_build(cfg, layers, seed)
+    if component == "vae-encoder":
+        return vae_encoder_build(cfg, layers, seed)
+    if component == "background-remover":
+        return background_build(cfg, layers, seed)
     return decoder_build(cfg, component, layers, seed)
 
 
@@ -108,7 +179,7 @@ REAL_SIZE = RealSize(
     rows=ROWS, checks=CHECKS, build=build, full_layers=24, intro=INTRO,
     overrides=[f"model.attention_chunk={CHUNK}", f"model.cond_tokens={COND_TOKENS}",
                f"model.decoders.points={QUERIES}", f"model.decoders.attention_chunk={CHUNK}",
-               "model.decoders.latent=seeded"],
+               "model.decoders.latent=seeded", f"model.encoders.attention_chunk={CHUNK}"],
     conditions=(f"DiT 12,294 tokens (8192 latent + {COND_TOKENS} condition + 1 camera), decoders {QUERIES} queries "
-                f"(262,144 Gaussians / 32); query chunk {CHUNK}"),
+                f"(262,144 Gaussians / 32), encoders and background remover at 1024²; query chunk {CHUNK}"),
 )
