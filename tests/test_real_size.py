@@ -152,3 +152,16 @@ def test_the_conditioning_networks_check_through_the_real_code_path(component, t
                                 "litert", 1, str(tmp_path / "check"))
     assert check["passed"] and check["cosine"] >= 0.999999, check
     assert check["block"].startswith("1 of ")
+
+
+def test_a_real_size_gpu_check_through_the_real_code_path_and_one_that_could_not_run(tmp_path):
+    """gpu_row as a real run calls it, on the tiny architecture: resident, fp32 and fp16 within the model's GPU
+    policy. Negative control: a GPU check that times out is `not_run`, and a check that could not run fails."""
+    row = real_size.gpu_row("triposplat", TINY, "octree-decoder", "real", 1, str(tmp_path / "gpu"))
+    assert row["status"] == "accepted" and row["passed"], row
+    assert row["fp32_rel_err"] < 1e-4 and row["fp16_cosine"] > 0.999 and row["block"].startswith("1 of 2 blocks")
+    slow = real_size.gpu_row("triposplat", [*TINY, "model.gpu.timeout_s=0.01"], "octree-decoder", "real", 1,
+                             str(tmp_path / "timeout"))
+    assert slow["status"] == "not_run" and not slow["passed"] and math.isnan(slow["fp16_cosine"]), slow
+    assert "FAILED" in real_size.table({"date": "d", "wall_min": 1.0, "machine": "m", "rows": [], "gpu": [slow]},
+                                       "triposplat", "")

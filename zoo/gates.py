@@ -400,7 +400,7 @@ def evaluate_slices(candidates: dict[str, np.ndarray], references: dict[str, np.
     return results
 
 
-def _value(x) -> float:
+def json_number(x) -> float:
     """A number from a GPU-check JSON field ("nan"/"inf" strings included); anything else is NaN."""
     if isinstance(x, (int, float)):
         return float(x)
@@ -440,7 +440,7 @@ def gpu_gates(check: dict, precision: str, policy: "GpuPolicy") -> list[GateResu
 
 
 def _threshold_gate(label: str, metric: str, raw, threshold: float) -> GateResult:
-    value = _value(raw)
+    value = json_number(raw)
     return GateResult(label, metric, value, float(threshold), check_value(metric, value, threshold))
 
 

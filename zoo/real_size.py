@@ -217,6 +217,56 @@ def check_row(model: str, overrides: list[str], component: str, variant: str, ta
             "rel_max_abs": rel, "convert_s": round(convert_s, 1), "run_s": round(run_s, 1), "eager_s": round(eager_s, 1)}
 
 
+def gpu_row(model: str, overrides: list[str], component: str, variant: str, layers: int | None,
+            out_dir: str) -> dict:
+    """Real size on the LiteRT GPU delegate (software Vulkan here): the hook's build at `layers` with its
+    `gpu_overrides`, converted at fp32, saved, created GPU-only and run in enforced fp32 and in fp16 against the
+    CPU interpreter on the same artifact — the check every LiteRT bundle gets, gated by the model's fp32 GPU
+    policy (must be resident when the model requires it at fp32)."""
+    import torch
+
+    from zoo import gates
+    from zoo.pipeline import _convert_options
+    from zoo.precision import PRECISIONS
+    from zoo.targets import Entry, get_target
+    from zoo.targets.litert import describe_gpu_check, gpu_policy
+    from zoo.targets.litert_gpu import gpu_check
+
+    torch.set_grad_enabled(False)
+    _, hook = hook_of(model)
+    cfg = real_config(model, variant, [*hook.gpu_overrides, *overrides])
+    target = get_target("litert")
+    built = hook.build(cfg, component, layers, False)
+    module, inputs, outputs, what = built.module, built.inputs, built.output_names, built.what
+    params_m = round(parameter_count(module) / 1e6, 1)
+    entries = [Entry("main", target.prepare(module, PRECISIONS["fp32"], {}), inputs, outputs)]
+    del built, module
+    dest = Path(out_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    path = target.save(target.convert(entries, target.export(entries), dest, **_convert_options(cfg)), dest,
+                       {"description": f"{model} {component} GPU check"})
+    convert_s = time.perf_counter() - started
+    print(f"[real-size]   converted in {convert_s:.0f} s; GPU check (software Vulkan)", flush=True)
+    feed = {"main": {k: v.numpy() for k, v in inputs.items()}}
+    del entries, inputs
+    gc.collect()
+    check = gpu_check(path, feed, timeout_s=float(cfg.gpu.timeout_s)).to_dict()
+    results = gates.gpu_gates(check, "fp32", gpu_policy(cfg, "fp32", component))
+    errors = [e for outs in check.get("outputs", {}).values() for e in outs.values()]
+
+    def worst(key: str, pick) -> float:   # NaN anywhere (or no output) stays NaN
+        values = [gates.json_number(e.get(key)) for e in errors]
+        return math.nan if not values or any(math.isnan(v) for v in values) else pick(values)
+
+    return {"component": component, "variant": str(cfg.variant), "block": what, "params_m": params_m,
+            "status": check["status"], "describe": describe_gpu_check(check)[:300],
+            "fp32_rel_err": worst("fp32_rel_err", max), "fp16_cosine": worst("fp16_cosine", min),
+            "fp16_rel_err": worst("fp16_rel_err", max), "gates": [g.describe() for g in results],
+            "passed": bool(results) and all(g.passed for g in results),   # a check that did not run fails
+            "convert_s": round(convert_s, 1), "check_s": round(float(check.get("seconds") or 0.0), 1)}
+
+
 def in_fresh_process(fn, *args) -> dict:
     """fn in a fresh process; a process the kernel killed (out of memory at real size) is a result, not a crash."""
     from concurrent.futures.process import BrokenProcessPool
@@ -262,7 +312,23 @@ def table(results: dict, model: str, conditions: str) -> str:
                 continue
             lines.append(f"| {b['component']} | {b['variant']} | {b['target']} | {b['block']} | {b['params_m']} | "
                          f"{b['cosine']:.9f} ({'passed' if b['passed'] else 'FAILED'} ≥ {b['floor']}) | {b['rel_max_abs']:.2e} | {b['convert_s']} | {b['run_s']} |")
+    if results.get("gpu"):
+        lines += ["", "Real-size LiteRT GPU check (the fp32 artifact created GPU-only on software Vulkan, run in enforced "
+                      "fp32 and in fp16 — the phone default — against the CPU interpreter on the same inputs):", "",
+                  "| component | variant | block | params M | GPU | fp32 rel err | fp16 cosine | fp16 rel err | gates | convert s | check s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for g in results["gpu"]:
+            if "error" in g:
+                lines.append(f"| {g['component']} | {g['variant']} | — | — | not run: {g['error']} | | | | FAILED | | |")
+                continue
+            lines.append(f"| {g['component']} | {g['variant']} | {g['block']} | {g['params_m']} | {g['describe']} | "
+                         f"{_fmt(g['fp32_rel_err'], '.2e')} | {_fmt(g['fp16_cosine'], '.7f')} | {_fmt(g['fp16_rel_err'], '.2e')} | "
+                         f"{'passed' if g['passed'] else 'FAILED'} | {g['convert_s']} | {g['check_s']} |")
     return "\n".join(lines)
+
+
+def _fmt(value, spec: str) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 def write_readme(readme: Path, block_text: str, intro: str) -> None:
@@ -283,7 +349,7 @@ def write_readme(readme: Path, block_text: str, intro: str) -> None:
 
 def failures(results: dict) -> list[dict]:
     return ([r for r in results["rows"] if r.get("status") != "converted"]
-            + [b for b in results.get("blocks", []) if not b.get("passed")])
+            + [b for b in results.get("blocks", []) + results.get("gpu", []) if not b.get("passed")])
 
 
 def merge_committed(fresh: dict, committed: dict, component: str, hook) -> dict:
@@ -296,13 +362,15 @@ def merge_committed(fresh: dict, committed: dict, component: str, hook) -> dict:
 
     kept_rows = [r for r in committed.get("rows", []) if r.get("component") != component]
     kept_blocks = [b for b in committed.get("blocks", []) if b.get("component") != component]
-    kept = sorted({r["component"] for r in kept_rows + kept_blocks})
+    kept_gpu = [g for g in committed.get("gpu", []) if g.get("component") != component]
+    kept = sorted({r["component"] for r in kept_rows + kept_blocks + kept_gpu})
     earlier = committed.get("earlier_run") or {"date": committed.get("date"), "wall_min": committed.get("wall_min")}
     if "components" in earlier:   # an earlier --only run's component was measured then, not in the full run
         kept = [c for c in earlier["components"] if c in kept]
     merged = {**fresh,
               "rows": ordered(kept_rows + fresh["rows"], hook.rows, ("component", "variant", "target", "precision")),
-              "blocks": ordered(kept_blocks + fresh["blocks"], hook.checks, ("component", "variant", "target"))}
+              "blocks": ordered(kept_blocks + fresh["blocks"], hook.checks, ("component", "variant", "target")),
+              "gpu": ordered(kept_gpu + fresh.get("gpu", []), hook.gpu_checks, ("component", "variant"))}
     if kept:
         merged["earlier_run"] = {**earlier, "components": kept}
     return merged
@@ -330,6 +398,7 @@ def parse(argv):
     parser.add_argument("--no-checks", "--no-blocks", dest="no_checks", action="store_true",
                         help="skip the numeric checks")
     parser.add_argument("--no-rows", action="store_true", help="only the numeric checks (convert no bundle)")
+    parser.add_argument("--no-gpu", action="store_true", help="skip the LiteRT GPU checks at real size")
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument("--resume", action="store_true",
                         help="keep the converted rows of an interrupted run (real_size.partial.json)")
@@ -367,11 +436,12 @@ def main(argv=None) -> int:
     # `--only COMPONENT` at full size re-measures that component: its rows and checks replace the committed ones,
     # every other component's stay (merge_committed).
     one_component = bool(args.only) and not (args.layers or len(targets) < 2 or args.overrides or args.no_rows
-                                             or args.no_checks)
-    look = bool(args.layers or args.only or len(targets) < 2 or args.overrides or args.no_rows or args.no_checks)
+                                             or args.no_checks or args.no_gpu)
+    look = bool(args.layers or args.only or len(targets) < 2 or args.overrides or args.no_rows or args.no_checks
+                or args.no_gpu)
     writes = not look or one_component or args.results is not None
     started = time.perf_counter()
-    rows, blocks = [], []
+    rows, blocks, gpu = [], [], []
     partial = results_path.with_suffix(".partial.json")
     done = ({row_key(r): r for r in json.loads(partial.read_text())["rows"] if r.get("status") == "converted"}
             if args.resume and partial.is_file() else {})
@@ -408,9 +478,25 @@ def main(argv=None) -> int:
                 print(f"[real-size]   {json.dumps(block)}", flush=True)
                 blocks.append(block)
                 shutil.rmtree(Path(scratch, f"c{i}"), ignore_errors=True)
+        if not (args.no_checks or args.no_gpu):
+            for i, (component, variant, layers) in enumerate(hook.gpu_checks):
+                if (args.only and component != args.only) or "litert" not in targets:
+                    continue
+                layers = args.layers or layers
+                print(f"[real-size] GPU check {component} {variant} layers={layers or 'all'} ...", flush=True)
+                try:
+                    row = in_fresh_process(gpu_row, args.model, args.overrides, component, variant, layers,
+                                           f"{scratch}/g{i}")
+                except Exception as exc:   # could not run: reported as not run (and fails the run)
+                    row = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]}
+                if "error" in row:
+                    row = {"component": component, "variant": variant, "error": row["error"], "passed": False}
+                print(f"[real-size]   {json.dumps(row)}", flush=True)
+                gpu.append(row)
+                shutil.rmtree(Path(scratch, f"g{i}"), ignore_errors=True)
     results = {"date": time.strftime("%Y-%m-%d"), "wall_min": (time.perf_counter() - started) / 60,
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-               "layers": args.layers or hook.full_layers, "rows": rows, "blocks": blocks}
+               "layers": args.layers or hook.full_layers, "rows": rows, "blocks": blocks, "gpu": gpu}
     if one_component and results_path.is_file():
         results = merge_committed(results, json.loads(results_path.read_text()), args.only, hook)
     if writes:

@@ -151,6 +151,9 @@ class RealSize:
     conditions -> the sizes a reader of the table needs (one clause, e.g. "video 65x512x704 -> 3168 DiT tokens")
     intro     -> the README prose put above the generated block the first time it is written
     full_layers -> recorded in real_size.json as `layers` when the whole networks were converted
+    gpu_checks -> (component, variant, layers) LiteRT GPU-delegate checks at real size (software Vulkan here):
+                 built with `layers` and `overrides` + `gpu_overrides` (the delegate's buffers cap at 128 MiB,
+                 so a real-size graph may need a smaller query chunk than the one conversion fits memory with)
     """
 
     rows: list[tuple[str, str, str, str]]
@@ -160,6 +163,8 @@ class RealSize:
     conditions: str = ""
     intro: str = ""
     full_layers: int | None = None
+    gpu_checks: list[tuple[str, str, int | None]] = field(default_factory=list)
+    gpu_overrides: list[str] = field(default_factory=list)
 
 
 @dataclass

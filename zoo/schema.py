@@ -34,6 +34,7 @@ class GpuSection:
     """The LiteRT GPU-delegate check (zoo/targets/litert_gpu.py) and what it must show, per precision."""
 
     check: bool = True
+    timeout_s: float = 300.0   # both GPU runs together (software Vulkan); a real-size graph needs far longer
     require_resident: list[str] = field(default_factory=list)   # precisions that must run GPU-only
     fp32_rel_tol: dict[str, float] = field(default_factory=dict)  # enforced fp32 vs CPU, max-abs / max|CPU|
     fp16_rel_tol: dict[str, float] = field(default_factory=dict)  # fp16 compute (the phone default) vs CPU

@@ -177,7 +177,7 @@ class LiteRTTarget:
         from zoo.targets.litert_gpu import gpu_check
 
         with log.stage("gpu_check") as record:
-            check = gpu_check(path, entry_inputs).to_dict()
+            check = gpu_check(path, entry_inputs, timeout_s=float((cfg.get("gpu") or {}).get("timeout_s", 300))).to_dict()
             details["gpu"] = check
             record.note = describe_gpu_check(check)
             if check["status"] == "not_run":
