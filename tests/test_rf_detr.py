@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from models.rf_detr import SPEC, golden
-from models.rf_detr.model import (RFDETR, RFDETRConfig, merge_windows, partition_windows, sample_bilinear_gather,
+from models.rf_detr.model import (RFDETR, RFDETRConfig, merge_windows, partition_windows,
                                   sample_bilinear_tent)
 from models.rf_detr.weights import seeded_state_dict, seeded_tensor, without_bookkeeping
 from zoo.errors import ZooError
 from zoo.gates import cosine
+from zoo.rewrites.deformable import gather_bilinear
 from zoo.weights import Checkpoint, load_strict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +115,7 @@ def test_samplers_equal_grid_sample_including_out_of_image_points():
     expected = F.grid_sample(value.transpose(1, 2).reshape(n, d, h, w), grid, align_corners=False)[:, :, 0]
     expected = expected.transpose(1, 2)                            # [N, Q·P, D]
     ix, iy = loc[..., 0] * w - 0.5, loc[..., 1] * h - 0.5
-    gathered = sample_bilinear_gather(value, ix, iy, h, w)
+    gathered = gather_bilinear(value, ix, iy, h, w)
     assert float((gathered - expected).abs().max()) < 1e-5
     weighted = (expected * attn.unsqueeze(-1)).view(n, queries, points, d).sum(2)
     tent = sample_bilinear_tent(value, ix, iy, attn, h, w, points)

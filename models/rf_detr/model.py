@@ -33,8 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.errors import ZooError
-from zoo.rewrites.activations import clamp01
-from zoo.rewrites.arith import floor_gpu_safe
+from zoo.rewrites.deformable import gather_bilinear
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -382,38 +381,6 @@ class Backbone(nn.Module):
 # ------------------------------------------------------------------ deformable attention
 
 
-def inside(index: torch.Tensor, size: int) -> torch.Tensor:
-    """1.0 where an integer-valued float index lies in [0, size-1], else 0.0 — arithmetic, no bool ops.
-    The library's clamp01 (bit-exact with clamp(0, 1), without the RELU_0_TO_1 the LiteRT GPU rejects)."""
-    return clamp01(index + 1.0) * clamp01(size - index)
-
-
-def sample_bilinear_gather(value: torch.Tensor, ix: torch.Tensor, iy: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """grid_sample(align_corners=False, zeros) as four row gathers.
-
-    value [N, H·W, D]; ix, iy [N, P] pixel coordinates → [N, P, D]. Out-of-image corners get weight 0 via the
-    float masks; their (clamped) indices still read a valid row.
-    """
-    n, hw, d = value.shape
-    # Coordinates in fp32 whatever the model dtype: bf16 keeps 8 mantissa bits (1/8 px at x = 24), and coreai-torch
-    # 0.4.3 fails to convert a bf16 floor-divide by a scalar ("dtype f32 vs bf16").
-    ix, iy = ix.float(), iy.float()
-    x0, y0 = floor_gpu_safe(ix), floor_gpu_safe(iy)
-    fx, fy = ix - x0, iy - y0
-    rows = value.reshape(n * hw, d)
-    base = (torch.arange(n, dtype=ix.dtype) * hw).view(n, 1)
-    out = None
-    for dy, wy in ((0.0, 1.0 - fy), (1.0, fy)):
-        for dx, wx in ((0.0, 1.0 - fx), (1.0, fx)):
-            xc, yc = x0 + dx, y0 + dy
-            weight = wx * wy * inside(xc, w) * inside(yc, h)
-            index = base + yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)
-            picked = rows.index_select(0, index.reshape(-1).to(torch.int32)).view(n, -1, d)
-            term = picked * weight.unsqueeze(-1).to(value.dtype)
-            out = term if out is None else out + term
-    return out
-
-
 def sample_bilinear_tent(value: torch.Tensor, ix: torch.Tensor, iy: torch.Tensor, attn: torch.Tensor,
                          h: int, w: int, points: int) -> torch.Tensor:
     """The same samples, attention-weighted and summed over points, with no gather: for each query the
@@ -484,7 +451,7 @@ class MSDeformAttn(nn.Module):
             if self.sampler == "grid_sample":
                 picked = self.sample_with_grid_sample(value, loc_x, loc_y, h, w)
             else:
-                picked = sample_bilinear_gather(value, ix, iy, h, w)                      # [B·heads, Q·P, D]
+                picked = gather_bilinear(value, ix, iy, h, w)                             # [B·heads, Q·P, D]
             picked = picked * attn.unsqueeze(-1)
             sampled = picked.view(b * self.heads, q, self.points, head_dim).sum(2)
         out = sampled.view(b, self.heads, q, head_dim).permute(0, 2, 1, 3).reshape(b, q, d)

@@ -29,19 +29,20 @@ from zoo.rewrites import inspect as tfl
 from zoo.rewrites.activations import clamp01
 from zoo.rewrites.arith import floor_gpu_safe
 from zoo.rewrites.base import LITERT_GPU, NEEDED, Demo, ModuleSwap, Rewrite, apply_swap, const_like, seeded
+from zoo.rewrites.resampling import tent_weights
 
 SAMPLERS = ("gather", "tent")
 
 
 def inside_integer(index: torch.Tensor, size: int) -> torch.Tensor:
-    """1.0 where an integer-valued float index lies in [0, size-1], else 0.0."""
+    """1.0 where an integer-valued float index lies in [0, size-1], else 0.0 — arithmetic, no bool ops (clamp01 is
+    bit-exact with clamp(0, 1), without the RELU_0_TO_1 the LiteRT GPU rejects)."""
     return clamp01(index + 1.0) * clamp01(float(size) - index)
 
 
 def tent_axis(coord: torch.Tensor, size: int) -> torch.Tensor:
     """[B, P] pixel coordinates -> [B, P, size] bilinear weights relu(1 - |coord - j|) (zero outside the map)."""
-    spread = coord.unsqueeze(-1) * const_like(np.ones(size), coord)     # a broadcasting MUL, no BROADCAST_TO
-    return torch.relu(1.0 - torch.abs(spread - const_like(np.arange(size), coord)))
+    return tent_weights(coord.unsqueeze(-1), size)
 
 
 def sample_tent(x: torch.Tensor, iy: torch.Tensor, ix: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -55,25 +56,39 @@ def sample_tent(x: torch.Tensor, iy: torch.Tensor, ix: torch.Tensor, weight: tor
     return (rows @ wy.unsqueeze(-1)).reshape(b, p, c)            # weighted over H
 
 
-def sample_gather(x: torch.Tensor, iy: torch.Tensor, ix: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The same samples as four corner-row gathers; out-of-map corners get weight 0 (their clamped index still
-    reads a valid row)."""
-    b, c, h, w = x.shape
-    p = iy.shape[1]
-    rows = x.permute(0, 2, 3, 1).reshape(b * h * w, c)
-    y0, x0 = floor_gpu_safe(iy), floor_gpu_safe(ix)
-    fy, fx = iy - y0, ix - x0
-    base = const_like(np.arange(b).reshape(b, 1) * (h * w), iy)
+def gather_bilinear(value: torch.Tensor, ix: torch.Tensor, iy: torch.Tensor, h: int, w: int,
+                    weight: torch.Tensor | None = None) -> torch.Tensor:
+    """grid_sample(align_corners=False, padding zeros) at pixel coordinates, as four corner-row gathers: value
+    [N, H·W, D]; ix, iy [N, P] -> [N, P, D], each sample times `weight` [N, P] when given. Out-of-map corners get
+    weight 0 through float masks; their clamped indices still read a valid row. Shared by RF-DETR's
+    multi-scale deformable attention and the deformable convolution below.
+
+    Coordinates in fp32 whatever the model dtype: bf16 keeps 8 mantissa bits (1/8 px at x = 24), and
+    coreai-torch 0.4.3 fails to convert a bf16 floor-divide by a scalar ("dtype f32 vs bf16")."""
+    n, hw, d = value.shape
+    ix, iy = ix.float(), iy.float()
+    x0, y0 = floor_gpu_safe(ix), floor_gpu_safe(iy)
+    fx, fy = ix - x0, iy - y0
+    rows = value.reshape(n * hw, d)
+    base = const_like(np.arange(n).reshape(n, 1) * hw, ix)
     out = None
     for dy, wy in ((0.0, 1.0 - fy), (1.0, fy)):
         for dx, wx in ((0.0, 1.0 - fx), (1.0, fx)):
-            yc, xc = y0 + dy, x0 + dx
-            corner = wy * wx * inside_integer(yc, h) * inside_integer(xc, w) * weight
+            xc, yc = x0 + dx, y0 + dy
+            corner = wx * wy * inside_integer(xc, w) * inside_integer(yc, h)
+            if weight is not None:
+                corner = corner * weight
             index = base + yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)
-            picked = rows.index_select(0, index.reshape(-1).to(torch.int32)).reshape(b, p, c)
-            term = picked * corner.unsqueeze(-1).to(x.dtype)
+            picked = rows.index_select(0, index.reshape(-1).to(torch.int32)).view(n, -1, d)
+            term = picked * corner.unsqueeze(-1).to(value.dtype)
             out = term if out is None else out + term
     return out
+
+
+def sample_gather(x: torch.Tensor, iy: torch.Tensor, ix: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The deformable convolution's samples (sample_tent's contract) through gather_bilinear."""
+    b, c, h, w = x.shape
+    return gather_bilinear(x.permute(0, 2, 3, 1).reshape(b, h * w, c), ix, iy, h, w, weight)
 
 
 def tap_grid(kernel: tuple[int, int], out_size: tuple[int, int], stride: tuple[int, int],
