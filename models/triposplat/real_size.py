@@ -40,6 +40,14 @@ CHECKS = [("dit", VARIANT, "litert", None),                 # the one full-size 
           ("vae-encoder", VARIANT, "litert", None), ("vae-encoder", VARIANT, "coreai", 1),
           ("background-remover", VARIANT, "litert", None), ("background-remover", VARIANT, "coreai", 1)]
 
+# The LiteRT GPU delegate at real size (software Vulkan here): its buffers cap at 128 MiB, so GPU creation needs query
+# chunk 256 (chunk 2048's DiT score buffer is 512 MiB: rejected, models.md). One block / layer of each transformer at
+# the real token and query counts; the convolutional networks' 1024² activations (VAE: 128 channels · 1024² · 4 B =
+# 512 MiB per tensor) are past that cap whatever the chunk.
+GPU_CHUNK = 256
+GPU_CHECKS = [("dit", VARIANT, 1), ("octree-decoder", VARIANT, 1), ("gaussian-decoder", VARIANT, 1),
+              ("image-encoder", VARIANT, 1)]
+
 
 def dit_build(cfg, layers: int | None, check: bool, seed: int) -> RealSizeBuild:
     """The DiT (all blocks, or the refiners and the first `layers` blocks) on seeded stand-in conditioning at the
@@ -166,17 +174,28 @@ def build(cfg, component: str, layers: int | None, check: bool, seed: int = 0) -
     return decoder_build(cfg, component, layers, seed)
 
 
-INTRO = """The 24-block DiT and both real decoders converted on this 24 GB machine by `make real-size MODEL=triposplat`
-(zoo/real_size.py, each row in a fresh process; time and peak RSS are that process's). What makes them fit: query-chunked
-attention (chunk 2048, `model.attention_chunk` / `model.decoders.attention_chunk`; without it Core AI exceeded 19 GB
-and LiteRT needed 14.8 GB for the DiT, models.md); on Core AI the torch weights and the exported program are released
-before conversion and save. LiteRT fp16 comes from litert-quantizer on the fp32 flatbuffer. Numerics (second table): one
-full-size LiteRT DiT call compared with eager; the rest per block at the real token and query counts (the DiT's
-refiners + 1 of its 24 blocks, 1 block of each decoder), since the Core AI CPU runtime took 34 min for one full
-real-size DiT call here (models.md). Not run at real size: the LiteRT GPU check (GPU creation needs chunk 256)."""
+INTRO = """All six networks at their real architectures and input sizes, converted on this 24 GB machine by
+`make real-size MODEL=triposplat` (zoo/real_size.py, each row in a fresh process; time and peak RSS are that
+process's): the 24-block DiT over 12,294 tokens, both decoders over 8192 queries, DINOv3 ViT-H+/16 and the FLUX.2 VAE
+encoder on the 1024² canvas that 4101 conditioning tokens imply, and BiRefNet (Swin-L at 1024² and 512²). What makes
+them fit: query-chunked attention (chunk 2048, `model.attention_chunk` / `model.decoders.attention_chunk` /
+`model.encoders.attention_chunk`; without it Core AI exceeded 19 GB and LiteRT needed 14.8 GB for the DiT, models.md);
+on Core AI the torch weights and the exported program are released before conversion and save; on LiteRT a network
+above the configured weight size converts lazily (litert-torch's lightweight conversion). LiteRT fp16 comes from
+litert-quantizer on the fp32 flatbuffer. BiRefNet uses the gather form of its deformable convolutions on both targets
+here: the tent form's buffers do not fit at 1024² ("Background removal").
+
+Numerics (second table): one full-size LiteRT call per network compared with eager, where one takes minutes; per
+block on Core AI (the DiT's refiners + 1 of its 24 blocks, 1 block of each decoder, 1 of DINOv3's 32 layers, 1 ResNet
+layer per VAE down block, 1 of BiRefNet's 18 third-stage blocks), since the Core AI CPU runtime took 34 min for one
+full real-size DiT call here (models.md). The third table is the LiteRT GPU-delegate check at real size (software
+Vulkan), per block: the delegate's buffers cap at 128 MiB, so those graphs are converted with query chunk 256
+(`make real-size` does it; chunk 2048's DiT score buffer is 512 MiB and was rejected, models.md)."""
 
 REAL_SIZE = RealSize(
-    rows=ROWS, checks=CHECKS, build=build, full_layers=24, intro=INTRO,
+    rows=ROWS, checks=CHECKS, build=build, full_layers=24, intro=INTRO, gpu_checks=GPU_CHECKS,
+    gpu_overrides=[f"model.attention_chunk={GPU_CHUNK}", f"model.decoders.attention_chunk={GPU_CHUNK}",
+                   f"model.encoders.attention_chunk={GPU_CHUNK}", "model.gpu.timeout_s=3600"],
     overrides=[f"model.attention_chunk={CHUNK}", f"model.cond_tokens={COND_TOKENS}",
                f"model.decoders.points={QUERIES}", f"model.decoders.attention_chunk={CHUNK}",
                "model.decoders.latent=seeded", f"model.encoders.attention_chunk={CHUNK}"],
