@@ -302,29 +302,39 @@ def table(results: dict, model: str, conditions: str) -> str:
         size = f"{r['size_mb'] / 1000:.2f}" if r.get("size_mb") else "—"
         lines.append(f"| {r['component']} | {r['variant']} | {r['target']} | {r['precision']} | {r.get('params_m', '—')} "
                      f"| {r['convert_s']} | {peak} | {size} | {r['status']}: {how} |")
-    if results.get("blocks"):
-        lines += ["", "Real-size numerics per block (fp32, saved artifact vs the eager port, same seeded inputs):", "",
-                  "| component | variant | target | block | params M | cosine (fp32 gate) | max-abs / max-abs(ref) | convert s | one call s |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for b in results["blocks"]:
-            if "error" in b:
-                lines.append(f"| {b['component']} | {b['variant']} | {b['target']} | — | — | not run: {b['error']} | | | |")
-                continue
-            lines.append(f"| {b['component']} | {b['variant']} | {b['target']} | {b['block']} | {b['params_m']} | "
-                         f"{b['cosine']:.9f} ({'passed' if b['passed'] else 'FAILED'} ≥ {b['floor']}) | {b['rel_max_abs']:.2e} | {b['convert_s']} | {b['run_s']} |")
-    if results.get("gpu"):
-        lines += ["", "Real-size LiteRT GPU check (the fp32 artifact created GPU-only on software Vulkan, run in enforced "
-                      "fp32 and in fp16 — the phone default — against the CPU interpreter on the same inputs):", "",
-                  "| component | variant | block | params M | GPU | fp32 rel err | fp16 cosine | fp16 rel err | gates | convert s | check s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for g in results["gpu"]:
-            if "error" in g:
-                lines.append(f"| {g['component']} | {g['variant']} | — | — | not run: {g['error']} | | | | FAILED | | |")
-                continue
-            lines.append(f"| {g['component']} | {g['variant']} | {g['block']} | {g['params_m']} | {g['describe']} | "
-                         f"{_fmt(g['fp32_rel_err'], '.2e')} | {_fmt(g['fp16_cosine'], '.7f')} | {_fmt(g['fp16_rel_err'], '.2e')} | "
-                         f"{'passed' if g['passed'] else 'FAILED'} | {g['convert_s']} | {g['check_s']} |")
+    lines += _section("Real-size numerics per block (fp32, saved artifact vs the eager port, same seeded inputs):",
+                      ["component", "variant", "target", "block", "params M", "cosine (fp32 gate)",
+                       "max-abs / max-abs(ref)", "convert s", "one call s"], results.get("blocks") or [], _block_cells)
+    lines += _section("Real-size LiteRT GPU check (the fp32 artifact created GPU-only on software Vulkan, run in enforced "
+                      "fp32 and in fp16 — the phone default — against the CPU interpreter on the same inputs):",
+                      ["component", "variant", "block", "params M", "GPU", "fp32 rel err", "fp16 cosine", "fp16 rel err",
+                       "gates", "convert s", "check s"], results.get("gpu") or [], _gpu_cells)
     return "\n".join(lines)
+
+
+def _section(title: str, columns: list[str], items: list[dict], cells) -> list[str]:
+    """A titled table of `items` (none: no section); an item that could not run says so in its row."""
+    if not items:
+        return []
+    lines = ["", title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for item in items:
+        row = (cells(item) if "error" not in item else
+               [item["component"], item["variant"], *([item["target"]] if "target" in item else []), "—", "—",
+                f"not run: {item['error']}"])
+        lines.append("| " + " | ".join(str(c) for c in row + [""] * (len(columns) - len(row))) + " |")
+    return lines
+
+
+def _block_cells(b: dict) -> list:
+    return [b["component"], b["variant"], b["target"], b["block"], b["params_m"],
+            f"{b['cosine']:.9f} ({'passed' if b['passed'] else 'FAILED'} ≥ {b['floor']})", f"{b['rel_max_abs']:.2e}",
+            b["convert_s"], b["run_s"]]
+
+
+def _gpu_cells(g: dict) -> list:
+    return [g["component"], g["variant"], g["block"], g["params_m"], g["describe"], _fmt(g["fp32_rel_err"], ".2e"),
+            _fmt(g["fp16_cosine"], ".7f"), _fmt(g["fp16_rel_err"], ".2e"), "passed" if g["passed"] else "FAILED",
+            g["convert_s"], g["check_s"]]
 
 
 def _fmt(value, spec: str) -> str:
