@@ -165,3 +165,17 @@ def test_a_real_size_gpu_check_through_the_real_code_path_and_one_that_could_not
     assert slow["status"] == "not_run" and not slow["passed"] and math.isnan(slow["fp16_cosine"]), slow
     assert "FAILED" in real_size.table({"date": "d", "wall_min": 1.0, "machine": "m", "rows": [], "gpu": [slow]},
                                        "triposplat", "")
+
+
+def test_a_gpu_only_run_replaces_the_gpu_checks_it_ran_and_keeps_everything_else():
+    _, hook = real_size.hook_of("triposplat")
+    committed = {"date": "2026-11-30", "wall_min": 40.0, "machine": "m", "rows": [{"component": "dit"}],
+                 "blocks": [{"component": "dit"}],
+                 "gpu": [{"component": "image-encoder", "variant": "real", "passed": True},
+                         {"component": "dit", "variant": "real", "passed": False}]}
+    fresh = {"date": "2026-12-01", "wall_min": 9.0, "rows": [], "blocks": [],
+             "gpu": [{"component": "dit", "variant": "real", "passed": True}]}
+    merged = real_size.merge_gpu_checks(fresh, committed, hook)
+    assert merged["rows"] == committed["rows"] and merged["blocks"] == committed["blocks"]
+    assert [(g["component"], g["passed"]) for g in merged["gpu"]] == [("dit", True), ("image-encoder", True)]
+    assert real_size.gpu_run_sentence(merged) == " GPU checks of dit: from a `--gpu-only` run on 2026-12-01 (9 min)."

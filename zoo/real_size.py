@@ -291,7 +291,7 @@ def table(results: dict, model: str, conditions: str) -> str:
              f"seeded random weights of the real architectures (the Hub is not reachable here; time, memory and size "
              f"do not depend on the values); {conditions}; wall time of the last run {results['wall_min']:.0f} min "
              f"(`--resume` keeps the rows an interrupted run had converted, with their own figures)."
-             f"{earlier_run_sentence(results)}", "",
+             f"{earlier_run_sentence(results)}{gpu_run_sentence(results)}", "",
              "| component | variant | target | precision | params M | convert s | peak RSS GB | size GB | how |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
@@ -386,12 +386,29 @@ def merge_committed(fresh: dict, committed: dict, component: str, hook) -> dict:
     return merged
 
 
+def merge_gpu_checks(fresh: dict, committed: dict, hook) -> dict:
+    """A `--gpu-only` run: its GPU checks replace the committed ones of the same components; every row and numeric
+    check stays as committed, and the table says when the GPU checks ran."""
+    ran = {g["component"] for g in fresh["gpu"]}
+    kept = [g for g in committed.get("gpu", []) if g.get("component") not in ran]
+    order = {c[:2]: i for i, c in enumerate(hook.gpu_checks)}
+    gpu = sorted(kept + fresh["gpu"], key=lambda g: order.get((g["component"], g["variant"]), len(order)))
+    return {**committed, "gpu": gpu,
+            "gpu_run": {"date": fresh["date"], "wall_min": fresh["wall_min"], "components": sorted(ran)}}
+
+
 def earlier_run_sentence(results: dict) -> str:
     earlier = results.get("earlier_run")
     if not earlier:
         return ""
     return (f" Rows and checks of {', '.join(earlier['components'])}: from the full run on {earlier['date']} "
             f"({earlier['wall_min']:.0f} min); the others from `--only COMPONENT` runs, the last on {results['date']}.")
+
+
+def gpu_run_sentence(results: dict) -> str:
+    run = results.get("gpu_run")
+    return (f" GPU checks of {', '.join(run['components'])}: from a `--gpu-only` run on {run['date']} "
+            f"({run['wall_min']:.0f} min)." if run else "")
 
 
 # ---------------------------------------------------------------- the run
@@ -409,6 +426,9 @@ def parse(argv):
                         help="skip the numeric checks")
     parser.add_argument("--no-rows", action="store_true", help="only the numeric checks (convert no bundle)")
     parser.add_argument("--no-gpu", action="store_true", help="skip the LiteRT GPU checks at real size")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="only the LiteRT GPU checks (all, or --only's): they replace the committed ones, every "
+                             "row and numeric check stays")
     parser.add_argument("--no-readme", action="store_true")
     parser.add_argument("--resume", action="store_true",
                         help="keep the converted rows of an interrupted run (real_size.partial.json)")
@@ -446,10 +466,13 @@ def main(argv=None) -> int:
     # `--only COMPONENT` at full size re-measures that component: its rows and checks replace the committed ones,
     # every other component's stay (merge_committed).
     one_component = bool(args.only) and not (args.layers or len(targets) < 2 or args.overrides or args.no_rows
-                                             or args.no_checks or args.no_gpu)
+                                             or args.no_checks or args.no_gpu or args.gpu_only)
     look = bool(args.layers or args.only or len(targets) < 2 or args.overrides or args.no_rows or args.no_checks
-                or args.no_gpu)
-    writes = not look or one_component or args.results is not None
+                or args.no_gpu or args.gpu_only)
+    gpu_only = args.gpu_only and not (args.layers or args.overrides or "litert" not in targets or args.no_gpu)
+    if args.gpu_only:
+        args.no_rows = args.no_checks = True
+    writes = not look or one_component or gpu_only or args.results is not None
     started = time.perf_counter()
     rows, blocks, gpu = [], [], []
     partial = results_path.with_suffix(".partial.json")
@@ -488,7 +511,7 @@ def main(argv=None) -> int:
                 print(f"[real-size]   {json.dumps(block)}", flush=True)
                 blocks.append(block)
                 shutil.rmtree(Path(scratch, f"c{i}"), ignore_errors=True)
-        if not (args.no_checks or args.no_gpu):
+        if not args.no_gpu and (gpu_only or not args.no_checks):
             for i, (component, variant, layers) in enumerate(hook.gpu_checks):
                 if (args.only and component != args.only) or "litert" not in targets:
                     continue
@@ -509,6 +532,8 @@ def main(argv=None) -> int:
                "layers": args.layers or hook.full_layers, "rows": rows, "blocks": blocks, "gpu": gpu}
     if one_component and results_path.is_file():
         results = merge_committed(results, json.loads(results_path.read_text()), args.only, hook)
+    elif gpu_only and results_path.is_file():
+        results = merge_gpu_checks(results, json.loads(results_path.read_text()), hook)
     if writes:
         results_path.write_text(json.dumps(results, indent=2) + "\n")
         partial.unlink(missing_ok=True)
