@@ -178,4 +178,7 @@ def test_a_gpu_only_run_replaces_the_gpu_checks_it_ran_and_keeps_everything_else
     merged = real_size.merge_gpu_checks(fresh, committed, hook)
     assert merged["rows"] == committed["rows"] and merged["blocks"] == committed["blocks"]
     assert [(g["component"], g["passed"]) for g in merged["gpu"]] == [("dit", True), ("image-encoder", True)]
-    assert real_size.gpu_run_sentence(merged) == " GPU checks of dit: from a `--gpu-only` run on 2026-12-01 (9 min)."
+    assert real_size.gpu_run_sentence(merged) == (" GPU checks of dit: from `--gpu-only` runs, the last on 2026-12-01 "
+                                                  "(9 min in all).")
+    again = real_size.merge_gpu_checks({**fresh, "gpu": [{"component": "octree-decoder", "variant": "real"}]}, merged, hook)
+    assert again["gpu_run"]["components"] == ["dit", "octree-decoder"] and again["gpu_run"]["wall_min"] == 18.0

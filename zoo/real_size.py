@@ -393,8 +393,10 @@ def merge_gpu_checks(fresh: dict, committed: dict, hook) -> dict:
     kept = [g for g in committed.get("gpu", []) if g.get("component") not in ran]
     order = {c[:2]: i for i, c in enumerate(hook.gpu_checks)}
     gpu = sorted(kept + fresh["gpu"], key=lambda g: order.get((g["component"], g["variant"]), len(order)))
+    earlier = committed.get("gpu_run") or {"components": [], "wall_min": 0.0}   # successive --gpu-only runs add up
     return {**committed, "gpu": gpu,
-            "gpu_run": {"date": fresh["date"], "wall_min": fresh["wall_min"], "components": sorted(ran)}}
+            "gpu_run": {"date": fresh["date"], "wall_min": earlier["wall_min"] + fresh["wall_min"],
+                        "components": sorted(set(earlier["components"]) | ran)}}
 
 
 def earlier_run_sentence(results: dict) -> str:
@@ -407,8 +409,8 @@ def earlier_run_sentence(results: dict) -> str:
 
 def gpu_run_sentence(results: dict) -> str:
     run = results.get("gpu_run")
-    return (f" GPU checks of {', '.join(run['components'])}: from a `--gpu-only` run on {run['date']} "
-            f"({run['wall_min']:.0f} min)." if run else "")
+    return (f" GPU checks of {', '.join(run['components'])}: from `--gpu-only` runs, the last on {run['date']} "
+            f"({run['wall_min']:.0f} min in all)." if run else "")
 
 
 # ---------------------------------------------------------------- the run
