@@ -260,7 +260,9 @@ def gpu_row(model: str, overrides: list[str], component: str, variant: str, laye
         return math.nan if not values or any(math.isnan(v) for v in values) else pick(values)
 
     return {"component": component, "variant": str(cfg.variant), "block": what, "params_m": params_m,
-            "status": check["status"], "describe": describe_gpu_check(check)[:300],
+            "status": check["status"],
+            "describe": (describe_gpu_check(check) if check["status"] == "accepted" or check.get("rejected_ops")
+                         else f"{check['status']}: {check.get('reason') or 'no reason given'}")[:300],
             "fp32_rel_err": worst("fp32_rel_err", max), "fp16_cosine": worst("fp16_cosine", min),
             "fp16_rel_err": worst("fp16_rel_err", max), "gates": [g.describe() for g in results],
             "passed": bool(results) and all(g.passed for g in results),   # a check that did not run fails
@@ -333,8 +335,17 @@ def _block_cells(b: dict) -> list:
 
 def _gpu_cells(g: dict) -> list:
     return [g["component"], g["variant"], g["block"], g["params_m"], g["describe"], _fmt(g["fp32_rel_err"], ".2e"),
-            _fmt(g["fp16_cosine"], ".7f"), _fmt(g["fp16_rel_err"], ".2e"), "passed" if g["passed"] else "FAILED",
+            _fmt(g["fp16_cosine"], ".7f"), _fmt(g["fp16_rel_err"], ".2e"), _gpu_verdict(g),
             g["convert_s"], g["check_s"]]
+
+
+def _gpu_verdict(g: dict) -> str:
+    """passed, or FAILED with the gates that failed (a check with no gate at all could not run)."""
+    if g["passed"]:
+        return "passed"
+    failed = [text.split(": ", 1)[-1].removesuffix(": FAIL").replace(" <= ", ", needs <= ").replace(" >= ", ", needs >= ")
+              for text in g.get("gates", []) if text.endswith("FAIL")]
+    return "FAILED" + (f": {'; '.join(failed)}" if failed else ": the check could not run")
 
 
 def _fmt(value, spec: str) -> str:

@@ -44,7 +44,8 @@ CHECKS = [("dit", VARIANT, "litert", None),                 # the one full-size 
 # chunk 256 (chunk 2048's DiT score buffer is 512 MiB: rejected, models.md). One block / layer of each transformer at
 # the real token and query counts; the convolutional networks' 1024² activations (VAE: 128 channels · 1024² · 4 B =
 # 512 MiB per tensor) are past that cap whatever the chunk.
-GPU_CHUNK = 256
+GPU_CHUNK = 256          # the DiT's query chunk
+GPU_DECODER_CHUNK = 128  # the decoders' cross-attention scores at 256 queries: 16 heads x 256 x 8192 keys x 4 B = 128 MiB
 GPU_CHECKS = [("dit", VARIANT, 1), ("octree-decoder", VARIANT, 1), ("gaussian-decoder", VARIANT, 1),
               ("image-encoder", VARIANT, 1)]
 
@@ -194,7 +195,7 @@ Vulkan), per block: the delegate's buffers cap at 128 MiB, so those graphs are c
 
 REAL_SIZE = RealSize(
     rows=ROWS, checks=CHECKS, build=build, full_layers=24, intro=INTRO, gpu_checks=GPU_CHECKS,
-    gpu_overrides=[f"model.attention_chunk={GPU_CHUNK}", f"model.decoders.attention_chunk={GPU_CHUNK}",
+    gpu_overrides=[f"model.attention_chunk={GPU_CHUNK}", f"model.decoders.attention_chunk={GPU_DECODER_CHUNK}",
                    f"model.encoders.attention_chunk={GPU_CHUNK}", "model.gpu.timeout_s=3600"],
     overrides=[f"model.attention_chunk={CHUNK}", f"model.cond_tokens={COND_TOKENS}",
                f"model.decoders.points={QUERIES}", f"model.decoders.attention_chunk={CHUNK}",
