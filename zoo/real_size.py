@@ -334,7 +334,8 @@ def _block_cells(b: dict) -> list:
 
 
 def _gpu_cells(g: dict) -> list:
-    return [g["component"], g["variant"], g["block"], g["params_m"], g["describe"], _fmt(g["fp32_rel_err"], ".2e"),
+    describe = " ".join(str(g["describe"]).replace("|", "/").split())   # one table cell: no newlines, no pipes
+    return [g["component"], g["variant"], g["block"], g["params_m"], describe, _fmt(g["fp32_rel_err"], ".2e"),
             _fmt(g["fp16_cosine"], ".7f"), _fmt(g["fp16_rel_err"], ".2e"), _gpu_verdict(g),
             g["convert_s"], g["check_s"]]
 
