@@ -46,8 +46,9 @@ CHECKS = [("dit", VARIANT, "litert", None),                 # the one full-size 
 # 512 MiB per tensor) are past that cap whatever the chunk.
 GPU_CHUNK = 256          # the DiT's query chunk
 GPU_DECODER_CHUNK = 128  # the decoders' cross-attention scores at 256 queries: 16 heads x 256 x 8192 keys x 4 B = 128 MiB
-GPU_CHECKS = [("dit", VARIANT, 1), ("octree-decoder", VARIANT, 1), ("gaussian-decoder", VARIANT, 1),
-              ("image-encoder", VARIANT, 1)]
+# The DiT's block is not among them yet: at 12,294 tokens one software-Vulkan check of it runs for well over the
+# decoders' 7 min, and both decoder blocks already fail to run there (README "Not done yet").
+GPU_CHECKS = [("octree-decoder", VARIANT, 1), ("gaussian-decoder", VARIANT, 1), ("image-encoder", VARIANT, 1)]
 
 
 def dit_build(cfg, layers: int | None, check: bool, seed: int) -> RealSizeBuild:
@@ -190,8 +191,9 @@ Numerics (second table): one full-size LiteRT call per network compared with eag
 block on Core AI (the DiT's refiners + 1 of its 24 blocks, 1 block of each decoder, 1 of DINOv3's 32 layers, 1 ResNet
 layer per VAE down block, 1 of BiRefNet's 18 third-stage blocks), since the Core AI CPU runtime took 34 min for one
 full real-size DiT call here (models.md). The third table is the LiteRT GPU-delegate check at real size (software
-Vulkan), per block: the delegate's buffers cap at 128 MiB, so those graphs are converted with query chunk 256
-(`make real-size` does it; chunk 2048's DiT score buffer is 512 MiB and was rejected, models.md)."""
+Vulkan), one block or layer per network: the delegate's buffers cap at 128 MiB, so those graphs are converted with
+query chunk 256 for DINOv3 and 128 for the decoders (`make real-size` does it; chunk 2048's DiT score buffer is
+512 MiB and was rejected, models.md)."""
 
 REAL_SIZE = RealSize(
     rows=ROWS, checks=CHECKS, build=build, full_layers=24, intro=INTRO, gpu_checks=GPU_CHECKS,
