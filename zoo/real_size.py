@@ -525,7 +525,7 @@ def main(argv=None) -> int:
                 print(f"[real-size]   {json.dumps(block)}", flush=True)
                 blocks.append(block)
                 shutil.rmtree(Path(scratch, f"c{i}"), ignore_errors=True)
-        if not args.no_gpu and (gpu_only or not args.no_checks):
+        if not args.no_gpu and (args.gpu_only or not args.no_checks):
             for i, (component, variant, layers) in enumerate(hook.gpu_checks):
                 if (args.only and component != args.only) or "litert" not in targets:
                     continue
