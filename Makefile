@@ -62,8 +62,9 @@ bench: setup
 	$(PY) -m zoo.bench model=$(MODEL) target=$(TARGET) precision=$(PRECISION) component=$(COMPONENT) $(ARGS)
 
 ## the model at real size (its ModelSpec.real_size rows, each in a fresh process): conversion time, peak RSS, size and
-## fp32 numerics; regenerates models/<model>/real_size.json and its README "Real size" block. ARGS= passes more
-## (--resume, --readme-only, --only dit, --targets litert)
+## fp32 numerics and the LiteRT GPU check; regenerates models/<model>/real_size.json and its README "Real size" block.
+## ARGS= passes more (--resume, --readme-only, --only COMPONENT: re-measure one, keep the rest; --gpu-only;
+## --targets litert, --layers N: a look that writes nothing)
 real-size: setup
 	$(PY) -m zoo.real_size $(MODEL) $(ARGS)
 
