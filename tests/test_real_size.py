@@ -172,13 +172,16 @@ def test_a_gpu_only_run_replaces_the_gpu_checks_it_ran_and_keeps_everything_else
     committed = {"date": "2026-11-30", "wall_min": 40.0, "machine": "m", "rows": [{"component": "dit"}],
                  "blocks": [{"component": "dit"}],
                  "gpu": [{"component": "image-encoder", "variant": "real", "passed": True},
-                         {"component": "dit", "variant": "real", "passed": False}]}
+                         {"component": "octree-decoder", "variant": "real", "passed": False}]}
     fresh = {"date": "2026-12-01", "wall_min": 9.0, "rows": [], "blocks": [],
-             "gpu": [{"component": "dit", "variant": "real", "passed": True}]}
+             "gpu": [{"component": "octree-decoder", "variant": "real", "passed": True}]}
     merged = real_size.merge_gpu_checks(fresh, committed, hook)
     assert merged["rows"] == committed["rows"] and merged["blocks"] == committed["blocks"]
-    assert [(g["component"], g["passed"]) for g in merged["gpu"]] == [("dit", True), ("image-encoder", True)]
-    assert real_size.gpu_run_sentence(merged) == (" GPU checks of dit: from `--gpu-only` runs, the last on 2026-12-01 "
-                                                  "(9 min in all).")
-    again = real_size.merge_gpu_checks({**fresh, "gpu": [{"component": "octree-decoder", "variant": "real"}]}, merged, hook)
-    assert again["gpu_run"]["components"] == ["dit", "octree-decoder"] and again["gpu_run"]["wall_min"] == 18.0
+    assert [(g["component"], g["passed"]) for g in merged["gpu"]] == \
+        [("octree-decoder", True), ("image-encoder", True)]
+    assert real_size.gpu_run_sentence(merged) == (" GPU checks of octree-decoder: from `--gpu-only` runs, the last on "
+                                                  "2026-12-01 (9 min in all).")
+    again = real_size.merge_gpu_checks({**fresh, "gpu": [{"component": "gaussian-decoder", "variant": "real"}]},
+                                       merged, hook)
+    assert again["gpu_run"]["components"] == ["gaussian-decoder", "octree-decoder"]
+    assert again["gpu_run"]["wall_min"] == 18.0
