@@ -144,7 +144,9 @@ def test_a_one_component_run_replaces_only_its_rows_and_says_which_rows_are_olde
     assert [(r["component"], r["convert_s"]) for r in again["rows"]] == [("dit", 9), ("vae-encoder", 20), ("vae-encoder", 21)]
 
 
-@pytest.mark.parametrize("component", ["image-encoder", "vae-encoder", "background-remover"])
+# BiRefNet's check took 117 s alone (its LiteRT conversion at 64²): make test-slow, to keep make test under 25 min
+@pytest.mark.parametrize("component", ["image-encoder", "vae-encoder",
+                                       pytest.param("background-remover", marks=pytest.mark.slow)])
 def test_the_conditioning_networks_check_through_the_real_code_path(component, tmp_path):
     """The real-size hook's image encoders and background remover, built as a real run builds them (1 layer /
     block), converted, run and compared with eager, on the tiny architectures."""
