@@ -165,13 +165,22 @@ def compare(got: dict, expected: dict, names: list[str]) -> tuple[float, float]:
     return worst(cosines, min), worst(rels, max)
 
 
+def convert_and_save(target, entries, dest: Path, cfg, description: str) -> tuple[Path, float]:
+    """A check's fp32 artifact: export, convert with the model's converter options, save; (path, seconds)."""
+    from zoo.pipeline import _convert_options
+
+    started = time.perf_counter()
+    artifact = target.convert(entries, target.export(entries), dest, **_convert_options(cfg))
+    path = target.save(artifact, dest, {"description": description})
+    return path, time.perf_counter() - started
+
+
 def check_row(model: str, overrides: list[str], component: str, variant: str, target_name: str,
               layers: int | None, out_dir: str) -> dict:
     """Real-size numerics: the hook's build at `layers` (None: the whole network), fp32, the saved artifact vs
     eager on the same inputs, against the model's fp32 cosine gate."""
     import torch
 
-    from zoo.pipeline import _convert_options
     from zoo.precision import PRECISIONS
     from zoo.targets import Entry, get_target
 
@@ -194,13 +203,10 @@ def check_row(model: str, overrides: list[str], component: str, variant: str, ta
     del built, module
     dest = Path(out_dir)
     dest.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    artifact = target.convert(entries, target.export(entries), dest, **_convert_options(cfg))
-    path = target.save(artifact, dest, {"description": f"{model} {component} check"})
-    convert_s = time.perf_counter() - started
+    path, convert_s = convert_and_save(target, entries, dest, cfg, f"{model} {component} check")
     print(f"[real-size]   converted in {convert_s:.0f} s; one call of the saved artifact", flush=True)
     feed = {k: v.numpy() for k, v in inputs.items()}
-    del artifact, entries, inputs
+    del entries, inputs
     gc.collect()
     runner = target.open(path)
     try:
@@ -226,7 +232,6 @@ def gpu_row(model: str, overrides: list[str], component: str, variant: str, laye
     import torch
 
     from zoo import gates
-    from zoo.pipeline import _convert_options
     from zoo.precision import PRECISIONS
     from zoo.targets import Entry, get_target
     from zoo.targets.litert import describe_gpu_check, gpu_policy
@@ -243,10 +248,7 @@ def gpu_row(model: str, overrides: list[str], component: str, variant: str, laye
     del built, module
     dest = Path(out_dir)
     dest.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    path = target.save(target.convert(entries, target.export(entries), dest, **_convert_options(cfg)), dest,
-                       {"description": f"{model} {component} GPU check"})
-    convert_s = time.perf_counter() - started
+    path, convert_s = convert_and_save(target, entries, dest, cfg, f"{model} {component} GPU check")
     print(f"[real-size]   converted in {convert_s:.0f} s; GPU check (software Vulkan)", flush=True)
     feed = {"main": {k: v.numpy() for k, v in inputs.items()}}
     del entries, inputs
@@ -374,14 +376,16 @@ def failures(results: dict) -> list[dict]:
             + [b for b in results.get("blocks", []) + results.get("gpu", []) if not b.get("passed")])
 
 
+def ordered(items: list[dict], declared: list[tuple], fields: tuple[str, ...]) -> list[dict]:
+    """`items` in the order the hook declares them (matched on `fields`); undeclared ones last."""
+    order = {tuple(d[:len(fields)]): i for i, d in enumerate(declared)}
+    return sorted(items, key=lambda r: order.get(tuple(r.get(f) for f in fields), len(order)))
+
+
 def merge_committed(fresh: dict, committed: dict, component: str, hook) -> dict:
     """A one-component run's rows and checks, put among the committed results of the other components (in the
     hook's order); the date and wall time of the run that measured those are kept beside them, and the table
     says so."""
-    def ordered(items: list[dict], declared: list[tuple], fields: tuple[str, ...]) -> list[dict]:
-        order = {tuple(d[:len(fields)]): i for i, d in enumerate(declared)}
-        return sorted(items, key=lambda r: order.get(tuple(r.get(f) for f in fields), len(order)))
-
     kept_rows = [r for r in committed.get("rows", []) if r.get("component") != component]
     kept_blocks = [b for b in committed.get("blocks", []) if b.get("component") != component]
     kept_gpu = [g for g in committed.get("gpu", []) if g.get("component") != component]
@@ -403,8 +407,7 @@ def merge_gpu_checks(fresh: dict, committed: dict, hook) -> dict:
     check stays as committed, and the table says when the GPU checks ran."""
     ran = {g["component"] for g in fresh["gpu"]}
     kept = [g for g in committed.get("gpu", []) if g.get("component") not in ran]
-    order = {c[:2]: i for i, c in enumerate(hook.gpu_checks)}
-    gpu = sorted(kept + fresh["gpu"], key=lambda g: order.get((g["component"], g["variant"]), len(order)))
+    gpu = ordered(kept + fresh["gpu"], hook.gpu_checks, ("component", "variant"))
     earlier = committed.get("gpu_run") or {"components": [], "wall_min": 0.0}   # successive --gpu-only runs add up
     return {**committed, "gpu": gpu,
             "gpu_run": {"date": fresh["date"], "wall_min": earlier["wall_min"] + fresh["wall_min"],
